@@ -1,0 +1,3 @@
+from axoplan.cli import main
+
+main()

@@ -1,0 +1,63 @@
+"""All candidates of a search as aligned arrays: layout × micro-batch × option choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.layout import Layout, ordered_factorizations
+from axoplan.options import RunOptions
+
+__all__ = ["Candidates"]
+
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """Row i is one candidate: a layout, a per-GPU micro-batch, recompute and caching."""
+
+    gx: Ints
+    gy: Ints
+    gz: Ints
+    gdata: Ints
+    micro_batch: Ints
+    recompute: Bools
+    cache_weights: Bools
+
+    @classmethod
+    def enumerate(cls, world_size: int, options: RunOptions) -> Candidates:
+        """Every ordered factorization of `world_size` crossed with the searched options."""
+        gx, gy, gz, gd = ordered_factorizations(world_size)
+        mbs = np.array(options.micro_batches, dtype=np.int64)
+        rec = np.array(RunOptions.choice_values(options.recompute))
+        cache = np.array(RunOptions.choice_values(options.cache_weights))
+        lay, mb, rc, ch = (a.ravel() for a in np.meshgrid(
+            np.arange(gx.size), np.arange(mbs.size), np.arange(rec.size), np.arange(cache.size), indexing="ij"))
+        return cls(gx[lay], gy[lay], gz[lay], gd[lay], mbs[mb], rec[rc], cache[ch])
+
+    @classmethod
+    def single(cls, layout: Layout, micro_batch: int, recompute: bool, cache_weights: bool) -> Candidates:
+        def one(v: object, dtype: type) -> npt.NDArray:
+            return np.array([v], dtype=dtype)
+
+        return cls(one(layout.gx, np.int64), one(layout.gy, np.int64), one(layout.gz, np.int64),
+                   one(layout.gdata, np.int64), one(micro_batch, np.int64), one(recompute, bool),
+                   one(cache_weights, bool))
+
+    def __len__(self) -> int:
+        return int(self.gx.size)
+
+    def take(self, index: npt.ArrayLike) -> Candidates:
+        """The candidates at `index` (an int array or boolean mask)."""
+        return Candidates(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def layout(self, i: int) -> Layout:
+        return Layout(int(self.gx[i]), int(self.gy[i]), int(self.gz[i]), int(self.gdata[i]))
+
+    @property
+    def world_size(self) -> Ints:
+        return self.gx * self.gy * self.gz * self.gdata

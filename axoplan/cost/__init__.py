@@ -1,0 +1,1 @@
+"""The analytical cost model, evaluated for all candidate layouts at once with numpy."""

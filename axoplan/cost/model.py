@@ -1,0 +1,303 @@
+"""Assemble the per-step time of every candidate from its collectives, compute and overlap.
+
+Per micro-batch and linear layer (``axonn.md`` §1.3; ``X`` is the input-feature group of
+a plain layer, ``Y`` of a transposed one):
+
+=========  =====================  =========  ================================  ==============
+phase      collective             group      bytes per call                    hidden behind
+=========  =====================  =========  ================================  ==============
+forward    all-gather weight      Z          ``k·n/(Gx·Gy)·2``                 previous layer (OAG)
+forward    all-reduce output      in-group   ``m_l·n/g_out·2``                 half, 2-chunk option
+recompute  the two above again    (unless weights are cached: no all-gather)
+backward   all-gather weight      Z          as forward, unless cached         next layer (OAG)
+backward   all-reduce input grad  out-group  ``m_l·k/g_in·2``                  dW GEMM (OAR)
+backward   reduce-scatter grad    Z          ``k·n/(Gx·Gy)·2``                 next layer (ORS)
+step       all-reduce grad shard  data       ``k·n/(Gx·Gy·Gz)·4`` (fp32)       nothing
+step       all-reduce norms       world      replicated params · 4             nothing
+=========  =====================  =========  ================================  ==============
+
+``m_l = micro_batch · S`` tokens per GPU. The step repeats the micro-batch
+``B / (Gdata·Gz·micro_batch)`` times (gradient accumulation), then reduces over data
+and the world and runs the optimizer. The exposed part of each collective is what is
+left after overlapping with the compute named in the last column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.candidates import Candidates
+from axoplan.cost import collectives as coll
+from axoplan.cost.compute import attention_s, gemm_s, memory_bound_s
+from axoplan.cost.flops import hardware_flops, model_flops
+from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu, padded_vocab, replicated_params, sharded_params
+from axoplan.cost.placement import place_groups
+from axoplan.machine import Machine
+from axoplan.model import LinearLayer, ModelSpec
+from axoplan.options import RunOptions
+
+__all__ = ["CollectiveTerm", "Prediction", "predict"]
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+BYTES = 2.0  # bf16 weights and activations
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveTerm:
+    """One collective of one layer in one phase, for every candidate."""
+
+    layer: str
+    phase: str
+    op: str
+    axis: str
+    group_size: Ints
+    stride: Ints
+    nbytes: Floats
+    calls_per_step: Floats
+    bandwidth_gbs: Floats
+    seconds_per_call: Floats
+    exposed_per_call: Floats
+
+    @property
+    def total_s(self) -> Floats:
+        return self.calls_per_step * self.seconds_per_call
+
+    @property
+    def exposed_s(self) -> Floats:
+        return self.calls_per_step * self.exposed_per_call
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Predicted step time, its breakdown, memory and flops for every candidate."""
+
+    candidates: Candidates
+    columns: dict[str, Floats]
+    collectives: tuple[CollectiveTerm, ...]
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """Size, stride, bandwidth and latency of each axis's group, per candidate."""
+
+    size: dict[str, Floats]
+    stride: dict[str, Ints]
+    bw: dict[str, Floats]
+    lat: dict[str, Floats]
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """Shapes and raw times of one linear layer for one micro-batch."""
+
+    spec: LinearLayer
+    count: int
+    in_axis: str
+    out_axis: str
+    t_fwd: Floats
+    t_dx: Floats
+    t_dw: Floats
+    extra_fwd: Floats  # non-GEMM work attached to this layer
+    extra_bwd: Floats
+    ag: Floats
+    ar_fwd: Floats
+    ar_bwd: Floats
+    rs: Floats
+    ar_data: Floats
+    bytes_block: Floats
+    bytes_out: Floats
+    bytes_in: Floats
+    bytes_shard: Floats
+
+    @property
+    def compute_fwd(self) -> Floats:
+        return self.t_fwd + self.extra_fwd
+
+    @property
+    def compute_bwd(self) -> Floats:
+        return self.t_dx + self.t_dw + self.extra_bwd
+
+
+def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> Prediction:
+    """Evaluate the cost model for all candidates at once."""
+    groups = _groups(machine, c)
+    tokens = (c.micro_batch * options.seq_len).astype(np.float64)
+    layers = _layers(model, machine, options, c, groups, tokens)
+    n_micro = options.global_batch / (c.gdata * c.gz * c.micro_batch).astype(np.float64)
+    terms = _collective_terms(layers, groups, options, c, model, n_micro)
+    compute = _compute_columns(layers, model, machine, c, n_micro)
+    memory = memory_per_gpu(model, options, c)
+    columns = _step_columns(model, machine, options, c, terms, compute)
+    return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)
+
+
+def _groups(machine: Machine, c: Candidates) -> _Groups:
+    world = c.world_size
+    sizes = {"x": c.gx, "y": c.gy, "z": c.gz, "data": c.gdata, "world": world}
+    strides = {"x": np.ones_like(c.gx), "y": c.gx, "z": c.gx * c.gy, "data": c.gx * c.gy * c.gz,
+               "world": np.ones_like(c.gx)}
+    axes = list(sizes)
+    bw_all, lat_all = place_groups(machine, np.concatenate([strides[a] for a in axes]),
+                                   np.concatenate([sizes[a] for a in axes]))
+    n = len(c)
+    bw = {a: bw_all[i * n:(i + 1) * n] for i, a in enumerate(axes)}
+    lat = {a: lat_all[i * n:(i + 1) * n] for i, a in enumerate(axes)}
+    return _Groups({a: s.astype(np.float64) for a, s in sizes.items()}, strides, bw, lat)
+
+
+def _layers(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: _Groups, tokens: Floats
+) -> list[_Layer]:
+    head = LinearLayer("lm_head", model.hidden, 0, transposed=False)
+    specs = [*model.block_linears(), head]
+    extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens)
+    vocab = padded_vocab(model, c)
+    out = []
+    for i, spec in enumerate(specs):
+        n = vocab if spec.name == "lm_head" else np.float64(spec.n_out)
+        count = 1 if spec.name == "lm_head" else model.num_layers
+        attach = extra_fwd["attention"] if spec.name == "attn_out" else 0.0
+        ew = extra_fwd["elementwise"] / 4.0 if i < 4 else extra_fwd["logits"]
+        out.append(_layer(spec, n, count, machine, options, c, g, tokens, attach + ew))
+    return out
+
+
+def _layer(
+    spec: LinearLayer, n: Floats, count: int, machine: Machine, options: RunOptions, c: Candidates,
+    g: _Groups, tokens: Floats, extra_fwd: Floats,
+) -> _Layer:
+    in_axis, out_axis = ("y", "x") if spec.transposed else ("x", "y")
+    k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis]
+    if options.overlap_forward_all_reduce:
+        t_fwd = 2.0 * gemm_s(machine, tokens / 2.0, n_loc, k_loc)
+    else:
+        t_fwd = gemm_s(machine, tokens, n_loc, k_loc)
+    block = spec.k_in * n / (g.size["x"] * g.size["y"])
+    shard = np.ceil(block / g.size["z"])
+    bytes_block, bytes_out, bytes_in = block * BYTES, tokens * n_loc * BYTES, tokens * k_loc * BYTES
+    bytes_shard = shard * options.grad_reduce_bytes
+    z = (g.size["z"], g.bw["z"], g.lat["z"])
+    return _Layer(
+        spec=spec, count=count, in_axis=in_axis, out_axis=out_axis,
+        t_fwd=t_fwd, t_dx=gemm_s(machine, tokens, k_loc, n_loc), t_dw=gemm_s(machine, n_loc, k_loc, tokens),
+        extra_fwd=np.broadcast_to(extra_fwd, tokens.shape), extra_bwd=2.0 * np.broadcast_to(extra_fwd, tokens.shape),
+        ag=coll.all_gather_s(bytes_block, *z),
+        ar_fwd=coll.all_reduce_s(bytes_out, g.size[in_axis], g.bw[in_axis], g.lat[in_axis]),
+        ar_bwd=coll.all_reduce_s(bytes_in, g.size[out_axis], g.bw[out_axis], g.lat[out_axis]),
+        rs=coll.reduce_scatter_s(bytes_block, *z),
+        ar_data=coll.all_reduce_s(bytes_shard, g.size["data"], g.bw["data"], g.lat["data"]),
+        bytes_block=bytes_block, bytes_out=bytes_out, bytes_in=bytes_in, bytes_shard=bytes_shard,
+    )
+
+
+def _nongemm_fwd_s(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, tokens: Floats
+) -> dict[str, Floats]:
+    """Forward time of work that is not a sharded GEMM, per block (and for the logits).
+
+    Heads are split over Y and tokens over Gdata·Gz; the X members of a group repeat the
+    same work (``axonn.md`` §1.4), so it scales with ``1/(Gdata·Gz·Gy)``, not ``1/G``.
+    Element-wise traffic per token: ``10·H`` (norms, residuals) plus the activation
+    function's ``2·F`` (GeLU) or ``3·F`` (SwiGLU) elements, 2 bytes each.
+    """
+    gy = c.gy.astype(np.float64)
+    attn_flops = 4.0 * c.micro_batch * options.seq_len**2 * model.hidden / gy
+    act = 3.0 if model.ffn_kind == "swiglu" else 2.0
+    ew_bytes = tokens * (10.0 * model.hidden + act * model.ffn) * BYTES / gy
+    logits_bytes = tokens * padded_vocab(model, c) / gy * (2.0 + 4.0 + 4.0)
+    return {
+        "attention": attention_s(machine, attn_flops),
+        "elementwise": memory_bound_s(machine, ew_bytes),
+        "logits": memory_bound_s(machine, logits_bytes),
+    }
+
+
+def _collective_terms(
+    layers: list[_Layer], g: _Groups, options: RunOptions, c: Candidates, model: ModelSpec, n_micro: Floats
+) -> list[CollectiveTerm]:
+    terms: list[CollectiveTerm] = []
+    nonzero = np.zeros_like(n_micro)
+    rec = c.recompute.astype(np.float64)
+    for i, lay in enumerate(layers):
+        prev = layers[i - 1] if i > 0 else layers[3]  # the previous linear in execution order
+        calls = n_micro * lay.count
+        ag_fwd_exposed = np.maximum(lay.ag - prev.compute_fwd, 0.0) if options.overlap_all_gather else lay.ag
+        if options.overlap_forward_all_reduce:
+            ar_fwd_exposed = lay.ar_fwd / 2 + np.maximum(lay.ar_fwd / 2 - lay.t_fwd / 2, 0.0)
+        else:
+            ar_fwd_exposed = lay.ar_fwd
+        ag_bwd = np.where(c.cache_weights, 0.0, lay.ag)
+        ag_rec = np.where(c.cache_weights, 0.0, lay.ag)
+        ag_bwd_exp, rs_exp = _backward_z_exposed(lay, prev, ag_bwd, options)
+        ar_bwd_exposed = np.maximum(lay.ar_bwd - lay.t_dw, 0.0) if options.overlap_all_reduce else lay.ar_bwd
+        ag_rec_exp = np.minimum(ag_fwd_exposed, ag_rec)
+
+        def term(phase: str, op: str, axis: str, nbytes: Floats, k: Floats, t: Floats, e: Floats) -> None:
+            terms.append(CollectiveTerm(lay.spec.name, phase, op, axis, g.size[axis].astype(np.int64),
+                                        g.stride[axis], nbytes, k, g.bw[axis], t, e))
+
+        term("forward", "all-gather", "z", lay.bytes_block, calls, lay.ag, ag_fwd_exposed)
+        term("forward", "all-reduce", lay.in_axis, lay.bytes_out, calls, lay.ar_fwd, ar_fwd_exposed)
+        term("recompute", "all-gather", "z", lay.bytes_block, calls * rec, ag_rec, ag_rec_exp)
+        term("recompute", "all-reduce", lay.in_axis, lay.bytes_out, calls * rec * (i < 4), lay.ar_fwd,
+             ar_fwd_exposed)
+        term("backward", "all-gather", "z", lay.bytes_block, calls, ag_bwd, ag_bwd_exp)
+        term("backward", "all-reduce", lay.out_axis, lay.bytes_in, calls, lay.ar_bwd, ar_bwd_exposed)
+        term("backward", "reduce-scatter", "z", lay.bytes_block, calls, lay.rs, rs_exp)
+        term("step", "all-reduce", "data", lay.bytes_shard, nonzero + lay.count, lay.ar_data, lay.ar_data)
+    world_bytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes)
+    t_world = coll.all_reduce_s(world_bytes, g.size["world"], g.bw["world"], g.lat["world"])
+    terms.append(CollectiveTerm("norms+biases", "step", "all-reduce", "world", g.size["world"].astype(np.int64),
+                                g.stride["world"], world_bytes, nonzero + 1.0, g.bw["world"], t_world, t_world))
+    return terms
+
+
+def _backward_z_exposed(
+    lay: _Layer, neighbour: _Layer, ag: Floats, options: RunOptions
+) -> tuple[Floats, Floats]:
+    """Exposed backward all-gather and reduce-scatter: both ride the Z links behind one
+    neighbouring layer's backward compute; what is not overlapped is fully exposed."""
+    ov_ag = ag if options.overlap_all_gather else 0.0 * ag
+    ov_rs = lay.rs if options.overlap_reduce_scatter else 0.0 * lay.rs
+    overlapped = ov_ag + ov_rs
+    left = np.maximum(overlapped - neighbour.compute_bwd, 0.0)
+    share = np.divide(left, overlapped, out=np.zeros_like(left), where=overlapped > 0)
+    return ag - ov_ag + ov_ag * share, lay.rs - ov_rs + ov_rs * share
+
+
+def _compute_columns(
+    layers: list[_Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats
+) -> dict[str, Floats]:
+    rec = c.recompute.astype(np.float64)
+    gemm = sum(lay.count * (lay.t_fwd * (1 + rec * (i < 4)) + lay.t_dx + lay.t_dw) for i, lay in enumerate(layers))
+    other = sum(lay.count * (lay.extra_fwd * (1 + rec * (i < 4)) + lay.extra_bwd) for i, lay in enumerate(layers))
+    params = sharded_params(model, c) + replicated_params(model)
+    optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
+    return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
+
+
+def _step_columns(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates,
+    terms: list[CollectiveTerm], compute: dict[str, Floats],
+) -> dict[str, Floats]:
+    cols = dict(compute)
+    for axis in ("x", "y", "z", "data", "world"):
+        cols[f"t_comm_{axis}_s"] = sum(t.total_s for t in terms if t.axis == axis)
+        cols[f"t_exposed_{axis}_s"] = sum(t.exposed_s for t in terms if t.axis == axis)
+    cols["t_comm_total_s"] = sum(t.total_s for t in terms)
+    cols["t_comm_exposed_s"] = sum(t.exposed_s for t in terms)
+    cols["t_compute_s"] = compute["t_gemm_s"] + compute["t_nongemm_s"] + compute["t_optimizer_s"]
+    step = cols["t_compute_s"] + cols["t_comm_exposed_s"]
+    cols["t_step_s"] = step
+    world = c.world_size.astype(np.float64)
+    hw = hardware_flops(model, options, c.recompute)
+    cols["tflops_per_gpu"] = hw / step / world / 1e12
+    cols["pct_peak"] = 100.0 * hw / step / world / machine.peak_flops
+    cols["mfu"] = 100.0 * model_flops(model, options) / step / world / machine.peak_flops
+    cols["grad_accum"] = options.global_batch / (c.gdata * c.gz * c.micro_batch).astype(np.float64)
+    return cols

@@ -1,0 +1,132 @@
+"""Where a communicator's members sit, and the bandwidth its collectives get.
+
+A group along one axis has a *stride* (rank distance between members) and a *size*.
+With ``N`` devices per node (``axonn.md`` §7.2; Plexus ``comm_model.py`` v2):
+
+* the group is **inside a node** when ``stride·size <= N`` and divides ``N``. Its ring runs
+  over the link classes its members span; the bus bandwidth is the minimum cut of the
+  member-to-member bandwidth matrix (what several rings can carry at once), capped by a
+  device's total link bandwidth, times ``intra_node.efficiency``.
+* otherwise it **crosses nodes**. ``min(stride, N)`` groups of the same kind share each
+  node's NICs, so each gets ``injection · efficiency / min(stride, N)``; the members on
+  one node (``N // stride`` of them when stride < N) also need their intra-node links.
+  Groups spanning more nodes than a dragonfly group keep ``global_bandwidth_fraction``.
+
+A row of the machine's measured table that matches (stride, size) overrides the theory.
+Placement depends only on (stride, size), so it is computed once per distinct pair and
+broadcast back to all candidates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.machine import Machine
+
+__all__ = ["GroupPlacement", "place", "place_groups"]
+
+_MAX_EXACT_CUT = 12  # members; above this the cut is approximated by single-device cuts
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlacement:
+    """Bandwidth and latency one communicator gets, and why."""
+
+    bandwidth_gbs: float
+    latency_us: float
+    crosses_nodes: bool
+    link: str  # human-readable: link class, "network", "measured ...", or "none"
+
+
+def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
+    """Placement of a group of `size` members `stride` ranks apart."""
+    if size <= 1:
+        return GroupPlacement(math.inf, 0.0, False, "none")
+    n = machine.devices_per_node
+    inside = stride * size <= n and n % (stride * size) == 0
+    theory = _inside_node(machine, stride, size) if inside else _across_nodes(machine, stride, size)
+    measured = _measured(machine, stride, size)
+    if measured is None:
+        return theory
+    return GroupPlacement(measured, theory.latency_us, theory.crosses_nodes, f"{theory.link} (measured)")
+
+
+def place_groups(
+    machine: Machine, stride: npt.NDArray[np.int64], size: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Vectorised `place`: (bandwidth GB/s, latency us) arrays aligned with the inputs."""
+    base = int(size.max()) + 1
+    keys, inverse = np.unique(stride * base + size, return_inverse=True)
+    found = [place(machine, int(k // base), int(k % base)) for k in keys]
+    bw = np.array([f.bandwidth_gbs for f in found], dtype=np.float64)
+    lat = np.array([f.latency_us for f in found], dtype=np.float64)
+    return bw[inverse], lat[inverse]
+
+
+def _inside_node(machine: Machine, stride: int, size: int) -> GroupPlacement:
+    n = machine.devices_per_node
+    worst, worst_link = math.inf, ""
+    span = stride * size
+    for start in (b + r for b in range(0, n, span) for r in range(stride)):  # each group in a node
+        members = [start + i * stride for i in range(size)]
+        bw = _ring_bandwidth_gbs(machine, members)
+        if bw < worst:
+            worst, worst_link = bw, _slowest_link(machine, members)
+    return GroupPlacement(worst * machine.intra_node.efficiency, machine.intra_node.latency_us, False, worst_link)
+
+
+def _across_nodes(machine: Machine, stride: int, size: int) -> GroupPlacement:
+    n, inter = machine.devices_per_node, machine.inter_node
+    sharing = min(stride, n)
+    bw = inter.injection_gbs * inter.efficiency / sharing
+    nodes = math.ceil(stride * size / n)
+    if inter.nodes_per_group is not None and nodes > inter.nodes_per_group:
+        bw *= inter.global_bandwidth_fraction
+    link = "network"
+    local = min(size, n // stride) if stride < n else 1
+    if local > 1:
+        members = [i * stride for i in range(local)]
+        bw = min(bw, _ring_bandwidth_gbs(machine, members) * machine.intra_node.efficiency)
+        link = f"network + {_slowest_link(machine, members)}"
+    return GroupPlacement(bw, inter.latency_us, True, link)
+
+
+def _ring_bandwidth_gbs(machine: Machine, members: list[int]) -> float:
+    """Minimum cut of the members' link graph: an upper bound on what rings can carry."""
+    bw = machine.pair_bandwidth_gbs[np.ix_(members, members)].copy()
+    np.fill_diagonal(bw, 0.0)
+    cap = machine.intra_node.device_bandwidth_gbs or math.inf
+    p = len(members)
+    if p > _MAX_EXACT_CUT:
+        return float(min(bw.sum(axis=1).min(), cap))
+    # every split with member 0 on one side: rows of `side` are the subsets
+    codes = np.arange(2 ** (p - 1), 2**p - 1, dtype=np.int64)[:, None]
+    side = ((codes >> np.arange(p)) & 1).astype(np.float64)
+    cuts = np.einsum("si,ij,sj->s", side, bw, 1.0 - side)
+    return float(min(cuts.min(), cap))
+
+
+def _slowest_link(machine: Machine, members: list[int]) -> str:
+    bw = machine.pair_bandwidth_gbs[np.ix_(members, members)]
+    i, j = np.unravel_index(np.argmin(bw), bw.shape)
+    return machine.link_class_name(members[i], members[j])
+
+
+def _measured(machine: Machine, stride: int, size: int) -> float | None:
+    """Exact (stride, size) row; the largest stride and size in the table match beyond."""
+    rows = machine.measured_bandwidth
+    if not rows:
+        return None
+    strides = sorted({r.stride for r in rows})
+    s = stride if stride in strides else (strides[-1] if stride > strides[-1] else None)
+    if s is None:
+        return None
+    at_stride = {r.size: r.bandwidth_gbs for r in rows if r.stride == s}
+    if size in at_stride:
+        return at_stride[size]
+    biggest = max(at_stride)
+    return at_stride[biggest] if size > biggest else None

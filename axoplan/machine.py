@@ -1,0 +1,210 @@
+"""Machine descriptions: one YAML per machine, loaded into frozen, strict models.
+
+A machine is a set of identical nodes. Within a node, device pairs are joined by
+*link classes* (on Frontier the two GCDs of one MI250X are joined far faster than
+GCDs on different cards); nodes are joined by NICs. Every number in a shipped YAML
+carries its source in a comment. Bandwidths are GB/s (1e9 bytes/s) per direction.
+
+    >>> from axoplan.machine import load_machine
+    >>> load_machine("frontier").devices_per_node
+    8
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+from axoplan.errors import AxoplanError, closest_hint
+from axoplan.launcher import LauncherSpec
+from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
+
+__all__ = ["Machine", "load_machine", "shipped_machines", "machines_dir"]
+
+Fraction = float
+
+
+class Device(Frozen):
+    """One accelerator as the framework sees it (a GPU, or one GCD of an MI250X)."""
+
+    name: str
+    peak_bf16_tflops: PositiveFloat = Field(description="Dense bf16 peak, TFLOP/s per device.")
+    hbm_gb: PositiveFloat = Field(description="HBM capacity per device, GB (1e9 bytes).")
+    hbm_bandwidth_gbs: PositiveFloat = Field(description="HBM bandwidth per device, GB/s.")
+    reserved_gb: float = Field(
+        3.0, ge=0, description="HBM not available to tensors: runtime context, NCCL buffers, fragmentation."
+    )
+
+
+class LinkClass(Frozen):
+    """Device pairs inside a node joined at one bandwidth."""
+
+    name: str
+    bandwidth_gbs: PositiveFloat = Field(description="Per pair, per direction, GB/s.")
+    pairs: tuple[tuple[int, int], ...] | None = Field(
+        None, description="Local device index pairs; omit for 'every pair not listed elsewhere'."
+    )
+
+
+class IntraNode(Frozen):
+    link_classes: tuple[LinkClass, ...] = Field(min_length=1)
+    device_bandwidth_gbs: PositiveFloat | None = Field(
+        None, description="Cap on one device's total link bandwidth (NVSwitch ports, NVLink count), GB/s."
+    )
+    latency_us: PositiveFloat = Field(description="Per-step collective latency inside a node, microseconds.")
+    efficiency: float = Field(0.75, gt=0, le=1, description="Achieved fraction of link bandwidth in collectives.")
+
+
+class InterNode(Frozen):
+    nics_per_node: PositiveInt
+    nic_bandwidth_gbs: PositiveFloat = Field(description="Per NIC, per direction, GB/s.")
+    latency_us: PositiveFloat = Field(description="Per-step collective latency across nodes, microseconds.")
+    efficiency: float = Field(0.8, gt=0, le=1, description="Achieved fraction of injection bandwidth.")
+    nodes_per_group: PositiveInt | None = Field(None, description="Nodes in one dragonfly group, if tapered.")
+    global_bandwidth_fraction: float = Field(
+        1.0, gt=0, le=1, description="Bandwidth fraction left to groups spanning several dragonfly groups."
+    )
+
+    @property
+    def injection_gbs(self) -> float:
+        """Node injection bandwidth, GB/s per direction."""
+        return self.nics_per_node * self.nic_bandwidth_gbs
+
+
+class GemmPoint(Frozen):
+    """One measured GEMM: local shape and achieved efficiency (fraction of peak)."""
+
+    m: PositiveInt
+    n: PositiveInt
+    k: PositiveInt
+    efficiency: float = Field(gt=0, le=1)
+
+
+class GemmModel(Frozen):
+    """Shape-dependent GEMM efficiency.
+
+    Without a table: ``eff = max_efficiency · Π_d d/(d + half_efficiency_dim)`` over the
+    three dimensions m, n, k (a dimension of ``half_efficiency_dim`` halves the
+    efficiency), and the GEMM is never faster than its HBM traffic allows. With a
+    measured ``table``, the nearest measured shape (in log space) gives the efficiency.
+    """
+
+    max_efficiency: float = Field(gt=0, le=1)
+    half_efficiency_dim: PositiveFloat
+    table: tuple[GemmPoint, ...] = ()
+
+
+class MeasuredBandwidth(Frozen):
+    """Measured collective bus bandwidth for groups of one stride and size."""
+
+    stride: PositiveInt = Field(description="Rank distance between group members; rows match strides >= this.")
+    size: int = Field(ge=2, description="Group size; rows match sizes >= this.")
+    bandwidth_gbs: PositiveFloat = Field(description="Bus bandwidth, GB/s (nccl-tests busbw convention).")
+
+
+class Machine(Frozen):
+    """A homogeneous GPU machine as the cost model needs it."""
+
+    name: str
+    description: str = ""
+    devices_per_node: PositiveInt
+    device: Device
+    intra_node: IntraNode
+    inter_node: InterNode
+    gemm: GemmModel
+    attention_efficiency: float = Field(0.45, gt=0, le=1, description="Fraction of peak in flash attention.")
+    memory_efficiency: float = Field(0.7, gt=0, le=1, description="Achieved fraction of HBM bandwidth.")
+    measured_bandwidth: tuple[MeasuredBandwidth, ...] = Field(
+        (), description="Measured bus bandwidths; when a row matches a group it overrides the theory."
+    )
+    launcher: LauncherSpec | None = None
+
+    @model_validator(mode="after")
+    def _check_links(self) -> Machine:
+        n = self.devices_per_node
+        defaults = [c.name for c in self.intra_node.link_classes if c.pairs is None]
+        if len(defaults) > 1:
+            raise ValueError(f"only one link class may omit 'pairs'; got {defaults}")
+        seen: set[tuple[int, int]] = set()
+        for c in self.intra_node.link_classes:
+            for a, b in c.pairs or ():
+                if not (0 <= a < n and 0 <= b < n) or a == b:
+                    raise ValueError(f"link class {c.name!r}: pair ({a}, {b}) is not two devices of 0..{n - 1}")
+                key = (min(a, b), max(a, b))
+                if key in seen:
+                    raise ValueError(f"device pair {key} is listed in two link classes")
+                seen.add(key)
+        if not defaults and n > 1 and len(seen) < n * (n - 1) // 2:
+            raise ValueError("some device pairs have no link class; add a class without 'pairs'")
+        return self
+
+    @cached_property
+    def pair_bandwidth_gbs(self) -> np.ndarray:
+        """Matrix of link bandwidth between local devices (GB/s); diagonal is inf."""
+        n = self.devices_per_node
+        default = next((c.bandwidth_gbs for c in self.intra_node.link_classes if c.pairs is None), np.nan)
+        bw = np.full((n, n), default, dtype=np.float64)
+        for c in self.intra_node.link_classes:
+            for a, b in c.pairs or ():
+                bw[a, b] = bw[b, a] = c.bandwidth_gbs
+        np.fill_diagonal(bw, np.inf)
+        return bw
+
+    def link_class_name(self, a: int, b: int) -> str:
+        """Name of the link class joining local devices a and b."""
+        key = (min(a, b), max(a, b))
+        for c in self.intra_node.link_classes:
+            if c.pairs is not None and key in {(min(p), max(p)) for p in c.pairs}:
+                return c.name
+        return next(c.name for c in self.intra_node.link_classes if c.pairs is None)
+
+    @property
+    def hbm_usable_bytes(self) -> float:
+        return (self.device.hbm_gb - self.device.reserved_gb) * 1e9
+
+    @property
+    def peak_flops(self) -> float:
+        """Dense bf16 peak per device, flop/s."""
+        return self.device.peak_bf16_tflops * 1e12
+
+
+def machines_dir() -> Path:
+    """Folder of shipped machine YAMLs (inside the wheel, or the source checkout)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "machines", here.parent / "machines"):
+        if candidate.is_dir():
+            return candidate
+    raise AxoplanError("the shipped machines/ folder is missing; reinstall axoplan")
+
+
+def shipped_machines() -> list[str]:
+    """Names of the machines that ship with axoplan."""
+    return sorted(p.stem for p in machines_dir().glob("*.yaml"))
+
+
+def load_machine(name_or_path: str | Path) -> Machine:
+    """Load a shipped machine by name, or a user's machine YAML by path."""
+    path = _resolve(str(name_or_path))
+    data = load_yaml_mapping(path)
+    try:
+        return Machine.model_validate(data)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, str(path), Machine)) from None
+
+
+def _resolve(name: str) -> Path:
+    path = Path(name)
+    if path.suffix in {".yaml", ".yml"} or path.exists():
+        if not path.is_file():
+            raise AxoplanError(f"machine file {name!r} does not exist")
+        return path
+    shipped = machines_dir() / f"{name}.yaml"
+    if shipped.is_file():
+        return shipped
+    known = shipped_machines()
+    raise AxoplanError(
+        f"unknown machine {name!r}{closest_hint(name, known)}; known: {', '.join(known)} (or give a path to a YAML)"
+    )

@@ -1,0 +1,183 @@
+"""Transformer models: presets, custom specs, and the linear layers the 4D algorithm shards.
+
+A block has four linear layers (``axonn.md`` §1.4): QKV and MLP-up are *plain* (input
+features over X, output features over Y); attention-out and MLP-down are *transposed*
+(the roles of X and Y swap), so one layer's output layout is the next one's input.
+
+Parameter counts follow the usual decomposition (Narayanan et al., SC'21, eq. 2,
+generalised to grouped-query attention and gated FFNs)::
+
+    per block   = H·(H + 2·kv·d_head)  [QKV]  + H·H [attn-out]  + m·H·F [MLP, m = 2 GeLU, 3 SwiGLU]
+                  + biases and norms
+    embeddings  = V·H (+ V·H again for an untied LM head) + positions·H
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PositiveInt, ValidationError, model_validator
+
+from axoplan.errors import AxoplanError, closest_hint
+from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
+
+__all__ = ["ModelSpec", "LinearLayer", "PRESETS", "load_model", "parse_param_count"]
+
+
+@dataclass(frozen=True, slots=True)
+class LinearLayer:
+    """One weight matrix of a block: ``n_out × k_in``; ``transposed`` swaps X and Y."""
+
+    name: str
+    k_in: int
+    n_out: int
+    transposed: bool
+
+    @property
+    def num_params(self) -> int:
+        return self.k_in * self.n_out
+
+
+class ModelSpec(Frozen):
+    """A decoder-only transformer."""
+
+    name: str = "custom"
+    num_layers: PositiveInt
+    hidden: PositiveInt = Field(description="Model width H.")
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt | None = Field(None, description="Grouped-query attention; default = num_heads.")
+    ffn_hidden: PositiveInt | None = Field(None, description="FFN width F; default 4·H.")
+    ffn_kind: Literal["gelu", "swiglu"] = "gelu"
+    vocab: PositiveInt = 51200
+    max_positions: int = Field(0, ge=0, description="Learned position embeddings (0 for rotary).")
+    tied_embeddings: bool = True
+    biases: bool = True
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelSpec:
+        if self.hidden % self.num_heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.kv_heads}")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    def block_linears(self) -> tuple[LinearLayer, ...]:
+        """The four (sharded) weight matrices of one block, in execution order."""
+        h, f = self.hidden, self.ffn
+        qkv_out = (self.num_heads + 2 * self.kv_heads) * self.head_dim
+        up_out = 2 * f if self.ffn_kind == "swiglu" else f
+        return (
+            LinearLayer("qkv", h, qkv_out, transposed=False),
+            LinearLayer("attn_out", h, h, transposed=True),
+            LinearLayer("mlp_up", h, up_out, transposed=False),
+            LinearLayer("mlp_down", f, h, transposed=True),
+        )
+
+    def unsharded_params_per_block(self) -> int:
+        """Norm weights (and biases) that every GPU holds whole; reduced over the world."""
+        norms = 2 * self.hidden * (2 if self.biases else 1)
+        biases = sum(lin.n_out for lin in self.block_linears()) if self.biases else 0
+        return norms + biases
+
+    def embedding_params(self) -> int:
+        heads = 1 if self.tied_embeddings else 2
+        return heads * self.vocab * self.hidden + self.max_positions * self.hidden
+
+    def num_params(self) -> int:
+        """Total parameter count."""
+        block = sum(lin.num_params for lin in self.block_linears()) + self.unsharded_params_per_block()
+        final_norm = self.hidden * (2 if self.biases else 1)
+        return self.num_layers * block + self.embedding_params() + final_norm
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, num_layers=layers, hidden=hidden, num_heads=heads, vocab=51200, max_positions=2048,
+        source="AxoNN GPT family, Megatron-AxoNN model-table.md (axonn.md §4.1); GPT-2 vocab padded to 51200",
+    )
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=8, ffn_hidden=ffn,
+        ffn_kind="swiglu", vocab=128256, tied_embeddings=False, biases=False,
+        source="Llama 3.1 model card / config.json (Meta, 2024)",
+    )
+
+
+PRESETS: dict[str, ModelSpec] = {
+    # name            layers hidden heads       ~params (checked in tests/test_model.py)
+    "5B": _gpt("5B", 24, 4096, 32),  # 5.1e9
+    "10B": _gpt("10B", 32, 5120, 40),  # 10.4e9
+    "20B": _gpt("20B", 32, 7168, 56),  # 20.1e9
+    "40B": _gpt("40B", 38, 9216, 72),  # 39.3e9
+    "60B": _gpt("60B", 56, 9216, 72),  # 57.6e9
+    "80B": _gpt("80B", 42, 12288, 96),  # 76.8e9
+    "160B": _gpt("160B", 84, 12288, 96),  # 153e9
+    "320B": _gpt("320B", 96, 16384, 128),  # 310e9
+    "640B": _gpt("640B", 192, 16384, 128),  # 620e9
+    "gpt3-175B": ModelSpec(
+        name="gpt3-175B", num_layers=96, hidden=12288, num_heads=96, vocab=50257, max_positions=2048,
+        source="Brown et al. 2020, Table 2.1",
+    ),
+    "llama3.1-8B": _llama("llama3.1-8B", 32, 4096, 32, 14336),
+    "llama3.1-70B": _llama("llama3.1-70B", 80, 8192, 64, 28672),
+    "llama3.1-405B": _llama("llama3.1-405B", 126, 16384, 128, 53248),
+}
+
+
+def parse_param_count(name: str) -> float:
+    """'320B' -> 3.2e11, 'llama3.1-8B' -> 8e9 (the size suffix of a preset name)."""
+    match = re.search(r"(\d+(?:\.\d+)?)([MBT])$", name)
+    if not match:
+        raise ValueError(f"no size suffix in {name!r}")
+    scale = {"M": 1e6, "B": 1e9, "T": 1e12}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def load_model(name_or_path: str | Path, **overrides: int | str | None) -> ModelSpec:
+    """A preset by name (case-insensitive), or a model YAML by path; `overrides` replace fields."""
+    base = _base_model(str(name_or_path))
+    updates = {k: v for k, v in overrides.items() if v is not None}
+    if not updates:
+        return base
+    try:
+        return ModelSpec.model_validate({**base.model_dump(), **updates})
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, "model options", ModelSpec)) from None
+
+
+def _base_model(name: str) -> ModelSpec:
+    path = Path(name)
+    if path.suffix in {".yaml", ".yml"} or path.is_file():
+        if not path.is_file():
+            raise AxoplanError(f"model file {name!r} does not exist")
+        data = load_yaml_mapping(path)
+        data.setdefault("name", path.stem)
+        try:
+            return ModelSpec.model_validate(data)
+        except ValidationError as err:
+            raise AxoplanError(describe_validation_error(err, str(path), ModelSpec)) from None
+    by_lower = {k.lower(): v for k, v in PRESETS.items()}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    raise AxoplanError(
+        f"unknown model {name!r}{closest_hint(name, PRESETS)}; presets: {', '.join(PRESETS)} "
+        "(or give a path to a model YAML)"
+    )

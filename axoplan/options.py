@@ -1,0 +1,61 @@
+"""Run options: batch, sequence, and the AxoNN features that are flags or search axes.
+
+Defaults (stated in the README too): global batch 2048 sequences of 2048 tokens (the
+AxoNN Frontier script's 2048 × 2048), per-GPU micro-batches 1, 2, 4 and 8 searched,
+activation recompute and weight caching searched (both values), OAR, ORS and OAG on
+(the production flags of Megatron-AxoNN), the 2-chunk forward all-reduce overlap off
+(it exists only on AxoNN's Gordon Bell branch), bf16 with fp32 gradient reduction.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, field_validator
+
+from axoplan.schema import Frozen
+
+__all__ = ["RunOptions", "Choice"]
+
+Choice = Literal["on", "off", "search"]
+
+
+class RunOptions(Frozen):
+    """Training-run settings shared by every candidate layout."""
+
+    global_batch: PositiveInt = Field(2048, description="Sequences per optimizer step.")
+    seq_len: PositiveInt = Field(2048, description="Tokens per sequence.")
+    micro_batches: tuple[PositiveInt, ...] = Field(
+        (1, 2, 4, 8), min_length=1, description="Per-GPU micro-batch sizes (sequences) to search."
+    )
+    recompute: Choice = Field("search", description="Full activation recompute: on, off, or search both.")
+    cache_weights: Choice = Field(
+        "search", description="Keep Z-gathered weights from forward to backward: on, off, or search both."
+    )
+    overlap_all_reduce: bool = Field(True, description="OAR: hide the backward all-reduce behind the dW GEMM.")
+    overlap_reduce_scatter: bool = Field(True, description="ORS: hide Z reduce-scatters behind the backward.")
+    overlap_all_gather: bool = Field(True, description="OAG: prefetch the next layer's Z all-gather.")
+    overlap_forward_all_reduce: bool = Field(
+        False, description="Split the local batch in two chunks to hide the forward all-reduce."
+    )
+    precision: Literal["bf16"] = Field("bf16", description="Weights and activations in bf16 (2 bytes).")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Data-parallel gradient all-reduce dtype (the AxoNN authors' model uses fp32)."
+    )
+
+    @field_validator("micro_batches")
+    @classmethod
+    def _sorted_unique(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sorted(set(v)))
+
+    @property
+    def tokens(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+    @staticmethod
+    def choice_values(choice: Choice) -> tuple[bool, ...]:
+        return {"on": (True,), "off": (False,), "search": (False, True)}[choice]

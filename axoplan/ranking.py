@@ -1,0 +1,191 @@
+"""Rank every candidate of a world size: predict, check feasibility, sort.
+
+Infeasible candidates stay in the table with the first reason that rules them out, so
+"why is layout X not in my top 10?" is answered by the table itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.candidates import Candidates
+from axoplan.cost.model import Prediction, predict
+from axoplan.errors import AxoplanError
+from axoplan.layout import Layout
+from axoplan.machine import Machine
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+
+__all__ = ["Ranking", "rank", "rank_candidates", "REASONS", "smallest_feasible_world"]
+
+REASONS = ("", "dims-x", "dims-y", "heads", "batch", "memory")
+_MAX_WORLD = 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Predictions for all candidates, with feasibility and the order by step time."""
+
+    model: ModelSpec
+    machine: Machine
+    options: RunOptions
+    world_size: int
+    prediction: Prediction
+    reason: npt.NDArray[np.uint8]  # index into REASONS; 0 = feasible
+    order: npt.NDArray[np.int64]  # feasible first, each part by predicted step time
+
+    @property
+    def candidates(self) -> Candidates:
+        return self.prediction.candidates
+
+    @property
+    def num_feasible(self) -> int:
+        return int((self.reason == 0).sum())
+
+    def column(self, name: str) -> np.ndarray:
+        return self.prediction.columns[name]
+
+    def reason_text(self, i: int) -> str:
+        """Why candidate i is infeasible, in words ('' if it is feasible)."""
+        return _reason_text(self, i)
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Candidate i as a flat, JSON-friendly record."""
+        c = self.candidates
+        rec: dict[str, Any] = {
+            "gx": int(c.gx[i]), "gy": int(c.gy[i]), "gz": int(c.gz[i]), "gdata": int(c.gdata[i]),
+            "micro_batch": int(c.micro_batch[i]), "recompute": bool(c.recompute[i]),
+            "cache_weights": bool(c.cache_weights[i]), "feasible": bool(self.reason[i] == 0),
+            "reason": self.reason_text(i),
+        }
+        rec.update({k: float(v[i]) for k, v in self.prediction.columns.items()})
+        return rec
+
+    def index_of(self, layout: Layout, micro_batch: int | None, recompute: bool | None,
+                 cache: bool | None) -> int:
+        """Best-ranked candidate with this layout (and the given options, if any)."""
+        c = self.candidates
+        mask = (c.gx == layout.gx) & (c.gy == layout.gy) & (c.gz == layout.gz) & (c.gdata == layout.gdata)
+        for arr, want in ((c.micro_batch, micro_batch), (c.recompute, recompute), (c.cache_weights, cache)):
+            if want is not None:
+                mask &= arr == want
+        hits = [i for i in self.order if mask[i]]
+        if not hits:
+            raise AxoplanError(f"layout {layout} with these options is not among the candidates of "
+                               f"{self.world_size} GPUs; check the sizes multiply to --gpus and the options")
+        return int(hits[0])
+
+
+def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: int) -> Ranking:
+    """Rank every layout of `world_size` GPUs (micro-batch and option axes included)."""
+    if world_size < 1:
+        raise AxoplanError(f"--gpus must be a positive number of GPUs, got {world_size}")
+    if world_size > _MAX_WORLD:
+        raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({_MAX_WORLD})")
+    return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options))
+
+
+def rank_candidates(
+    model: ModelSpec, machine: Machine, options: RunOptions, world_size: int, c: Candidates
+) -> Ranking:
+    pred = predict(model, machine, options, c)
+    reason = _reasons(model, machine, options, c, pred)
+    t = pred.columns["t_step_s"]
+    order = np.lexsort((t, reason != 0))
+    return Ranking(model, machine, options, world_size, pred, reason, order)
+
+
+def _checks(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, pred: Prediction
+) -> list[npt.NDArray[np.bool_]]:
+    """One 'fails' mask per entry of REASONS[1:], in order."""
+    dims_x = np.zeros(len(c), dtype=bool)
+    dims_y = np.zeros(len(c), dtype=bool)
+    for lin in model.block_linears():
+        k_group, n_group = (c.gy, c.gx) if lin.transposed else (c.gx, c.gy)
+        for dim, group in ((lin.k_in, k_group), (lin.n_out, n_group)):
+            bad = dim % group != 0
+            if group is c.gx:
+                dims_x |= bad
+            else:
+                dims_y |= bad
+    heads = (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0)
+    batch = options.global_batch % (c.gdata * c.gz * c.micro_batch) != 0
+    memory = pred.columns["mem_total_bytes"] > machine.hbm_usable_bytes
+    return [dims_x, dims_y, heads, batch, memory]
+
+
+def _reasons(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, pred: Prediction
+) -> npt.NDArray[np.uint8]:
+    reason = np.zeros(len(c), dtype=np.uint8)
+    for code, fails in reversed(list(enumerate(_checks(model, machine, options, c, pred), start=1))):
+        reason[fails] = code
+    return reason
+
+
+def _reason_text(r: Ranking, i: int) -> str:
+    code = REASONS[r.reason[i]]
+    c, m = r.candidates, r.model
+    if code == "dims-x":
+        return f"Gx={c.gx[i]} does not divide every layer dimension sharded over X (hidden {m.hidden}, FFN {m.ffn})"
+    if code == "dims-y":
+        return f"Gy={c.gy[i]} does not divide every layer dimension sharded over Y (hidden {m.hidden}, FFN {m.ffn})"
+    if code == "heads":
+        return f"Gy={c.gy[i]} does not divide the {m.num_heads} heads ({m.kv_heads} KV heads)"
+    if code == "batch":
+        per = int(c.gdata[i] * c.gz[i] * c.micro_batch[i])
+        return f"global batch {r.options.global_batch} is not divisible by Gdata*Gz*micro-batch = {per}"
+    if code == "memory":
+        need = r.column("mem_total_bytes")[i] / 1e9
+        return f"needs {need:.1f} GB per GPU, {r.machine.hbm_usable_bytes / 1e9:.1f} GB usable"
+    return ""
+
+
+def smallest_feasible_world(model: ModelSpec, machine: Machine, options: RunOptions, start: int) -> int | None:
+    """Smallest GPU count above `start` (whole nodes or a power of two) with a feasible layout."""
+    n = machine.devices_per_node
+    counts = sorted({k * n for k in range(1, 65)} | {1 << k for k in range(25)})
+    counts += [n * 64 * 2**k for k in range(1, 16)]
+    tried = 0
+    for g in sorted(set(counts)):
+        if g <= start or g > _MAX_WORLD:
+            continue
+        if rank(model, machine, options, g).num_feasible:
+            return g
+        tried += 1
+        if tried > 60:
+            break
+    return None
+
+
+def explain_infeasible(r: Ranking) -> str:
+    """One line saying why no candidate of this world size works, and what would."""
+    c = r.candidates
+    fails = _checks(r.model, r.machine, r.options, c, r.prediction)
+    shape_ok = ~(fails[0] | fails[1] | fails[2])
+    where = f"{r.world_size} GPUs of {r.machine.name}"
+    if (shape_ok & ~fails[3]).any():
+        best = r.column("mem_total_bytes")[shape_ok & ~fails[3]].min() / 1e9
+        more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
+        fix = f"; the smallest GPU count that fits is {more}" if more else ""
+        return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU, "
+                f"{r.machine.hbm_usable_bytes / 1e9:.1f} GB usable){fix}")
+    if shape_ok.any():
+        sizes = sorted({int(v) for v in (c.gdata * c.gz)[shape_ok]})[:6]
+        return (f"global batch {r.options.global_batch} is not divisible by Gdata*Gz*micro-batch for any layout "
+                f"of {where} (Gdata*Gz can be {', '.join(map(str, sizes))}; micro-batches "
+                f"{', '.join(map(str, r.options.micro_batches))}); try --global-batch "
+                f"{_next_multiple(r.options.global_batch, sizes[0] * min(r.options.micro_batches))}")
+    more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
+    fix = f"; the smallest GPU count with a feasible layout is {more}" if more else ""
+    return (f"no layout of {where} divides {r.model.name}'s dimensions (hidden {r.model.hidden}, "
+            f"FFN {r.model.ffn}, {r.model.num_heads} heads){fix}")
+
+
+def _next_multiple(value: int, base: int) -> int:
+    return -(-value // base) * base

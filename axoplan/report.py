@@ -1,0 +1,145 @@
+"""Render rankings and single-layout explanations as text tables, CSV and JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from axoplan.cost.model import CollectiveTerm
+from axoplan.ranking import Ranking
+
+__all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table"]
+
+_GB = 1e9
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
+    """Aligned plain-text table (numbers right-aligned)."""
+    right = right or [True] * len(headers)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def _options_label(rec: dict[str, Any]) -> str:
+    parts = ["recompute" if rec["recompute"] else "no-recompute"]
+    if rec["cache_weights"] and rec["gz"] > 1:
+        parts.append("cache")
+    return ",".join(parts)
+
+
+def _selected(r: Ranking, top: int, infeasible: bool) -> list[int]:
+    feasible = r.reason[r.order] == 0
+    chosen = r.order[~feasible] if infeasible else r.order[feasible]
+    return [int(i) for i in chosen[:top]]
+
+
+def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
+    """The top rows (or top infeasible rows with their reasons) as a readable table."""
+    head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
+            f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
+            f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
+    headers = ["rank", "Gx", "Gy", "Gz", "Gdata", "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
+               "exposed comm s", "mem GB/GPU"]
+    if infeasible:
+        headers.append("why infeasible")
+    rows = []
+    for n, i in enumerate(_selected(r, top, infeasible), start=1):
+        rec = r.row(i)
+        cells = [str(n), *(str(rec[k]) for k in ("gx", "gy", "gz", "gdata", "micro_batch")), _options_label(rec),
+                 f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
+                 f"{rec['t_comm_exposed_s']:.3f}", f"{rec['mem_total_bytes'] / _GB:.1f}"]
+        if infeasible:
+            cells.append(rec["reason"])
+        rows.append(cells)
+    if not rows:
+        return head + "\n(no rows)"
+    right = [True] * 6 + [False] + [True] * 5 + ([False] if infeasible else [])
+    return head + "\n\n" + text_table(headers, rows, right)
+
+
+def _records(r: Ranking, rows: Sequence[int]) -> list[dict[str, Any]]:
+    out = []
+    for n, i in enumerate(rows, start=1):
+        rec = {"rank": n, **r.row(i)}
+        out.append(rec)
+    return out
+
+
+def format_csv(r: Ranking, rows: Sequence[int]) -> str:
+    records = _records(r, rows)
+    buf = io.StringIO()
+    if records:
+        writer = csv.DictWriter(buf, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    return buf.getvalue()
+
+
+def format_json(r: Ranking, rows: Sequence[int]) -> str:
+    doc = {
+        "model": r.model.model_dump(), "machine": r.machine.name, "world_size": r.world_size,
+        "options": r.options.model_dump(mode="json"), "candidates": len(r.candidates),
+        "feasible": r.num_feasible, "rows": _records(r, rows),
+    }
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def format_explain(r: Ranking, i: int) -> str:
+    """Every collective, the compute and the memory of candidate i."""
+    rec = r.row(i)
+    lay = r.candidates.layout(i)
+    lines = [
+        f"{r.model.name} on {r.world_size} x {r.machine.name}: layout Gx={lay.gx} Gy={lay.gy} Gz={lay.gz} "
+        f"Gdata={lay.gdata}, micro-batch {rec['micro_batch']}, {_options_label(rec)}, "
+        f"{rec['grad_accum']:.0f} micro-batches per step",
+        f"predicted {rec['t_step_s']:.4f} s/iter = compute {rec['t_compute_s']:.4f} s + exposed communication "
+        f"{rec['t_comm_exposed_s']:.4f} s; {rec['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+        f"{rec['pct_peak']:.1f}% of peak (MFU {rec['mfu']:.1f}%)",
+    ]
+    if rec["reason"]:
+        lines.append(f"INFEASIBLE: {rec['reason']}")
+    lines += ["", "Compute per step", text_table(["part", "seconds"], [
+        ["GEMMs (all linear layers, fwd + recompute + bwd)", f"{rec['t_gemm_s']:.4f}"],
+        ["attention and element-wise (redundant over X)", f"{rec['t_nongemm_s']:.4f}"],
+        ["optimizer step", f"{rec['t_optimizer_s']:.4f}"],
+    ], [False, True])]
+    lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)", _collectives_table(r, i)]
+    mem = r.prediction.memory
+    lines += ["", f"Memory per GPU ({r.machine.hbm_usable_bytes / _GB:.1f} GB usable)", text_table(
+        ["part", "GB"],
+        [[k, f"{getattr(mem, k)[i] / _GB:.2f}"] for k in mem.__slots__] + [["total", f"{mem.total[i] / _GB:.2f}"]],
+        [False, True])]
+    return "\n".join(lines)
+
+
+def _collectives_table(r: Ranking, i: int) -> str:
+    rows = []
+    for t in r.prediction.collectives:
+        calls = float(t.calls_per_step[i])
+        if calls == 0 or t.group_size[i] <= 1:
+            continue
+        rows.append(_collective_row(t, i, calls))
+    totals = [float(r.column("t_comm_total_s")[i]), float(r.column("t_comm_exposed_s")[i])]
+    rows.append(["total", "", "", "", "", "", "", "", "", f"{totals[0]:.4f}", f"{totals[0] - totals[1]:.4f}",
+                 f"{totals[1]:.4f}"])
+    headers = ["layer", "phase", "collective", "axis", "size", "stride", "MB/call", "calls", "GB/s", "total s",
+               "hidden s", "exposed s"]
+    return text_table(headers, rows, [False, False, False, False] + [True] * 8)
+
+
+def _collective_row(t: CollectiveTerm, i: int, calls: float) -> list[str]:
+    total, exposed = float(t.total_s[i]), float(t.exposed_s[i])
+    bw = float(t.bandwidth_gbs[i])
+    return [t.layer, t.phase, t.op, t.axis, str(int(t.group_size[i])), str(int(t.stride[i])),
+            f"{t.nbytes[i] / 1e6:.2f}", f"{calls:g}", "inf" if not np.isfinite(bw) else f"{bw:.1f}",
+            f"{total:.4f}", f"{total - exposed:.4f}", f"{exposed:.4f}"]

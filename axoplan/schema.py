@@ -1,0 +1,77 @@
+"""Shared pydantic base and the one-line formatting of validation errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from axoplan.errors import AxoplanError, closest_hint
+
+__all__ = ["Frozen", "describe_validation_error", "load_yaml_mapping"]
+
+
+class Frozen(BaseModel):
+    """Base for every model read from a file: frozen, strict about unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+def describe_validation_error(err: ValidationError, source: str, model: type[BaseModel]) -> str:
+    """Turn a pydantic error into one line naming the file, the field and the fix."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = len(err.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    if first["type"] == "extra_forbidden":
+        known = _field_names_at(model, first["loc"][:-1])
+        hint = closest_hint(str(first["loc"][-1]), known)
+        return f"{source}: unknown field {loc!r}{hint}{suffix}"
+    if first["type"] == "missing":
+        return f"{source}: missing field {loc!r}{suffix}"
+    value = first.get("input")
+    shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+    return f"{source}: field {loc!r}: {first['msg']}{shown}{suffix}"
+
+
+def _field_names_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the (nested) model at `loc`, for 'did you mean' hints."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = _inner_model(field.annotation)
+    return list(getattr(current, "model_fields", {}))
+
+
+def _inner_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def load_yaml_mapping(path: Path) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; errors name the file and line."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise AxoplanError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise AxoplanError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise AxoplanError(f"{path}: expected a mapping of fields at the top level")
+    return data
