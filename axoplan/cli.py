@@ -267,6 +267,10 @@ def models() -> None:
     typer.echo("\nany other model: --model path/to/model.yaml, or --layers/--hidden/--heads [--ffn-hidden ...]")
 
 
+# --- commands defined in other modules are registered below, one line each ---
+# (each module imports only typer and the standard library at its top; the work is imported lazily)
+
+
 def main() -> None:
     """Console-script entry point."""
     sys.exit(app())

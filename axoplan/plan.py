@@ -1,0 +1,167 @@
+"""Launch configs: one versioned, schema-checked JSON file per chosen layout.
+
+A launch config ("plan") says everything needed to run one candidate and to check the
+run afterwards: machine, model, run options, the 4D layout, micro-batch, gradient
+accumulation, node count, the prediction with its breakdown, and the matching
+``axonn.init(...)`` arguments. The executor reads it; measured-run records embed it.
+
+    >>> plan = LaunchConfig.load("plans/01-4x8x512x2/plan.json")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt, ValidationError, model_validator
+
+from axoplan.errors import AxoplanError
+from axoplan.layout import Layout
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+from axoplan.schema import Frozen, describe_validation_error
+
+__all__ = ["SCHEMA_VERSION", "LayoutSpec", "PredictedStep", "LaunchConfig", "plan_id", "plan_from_ranking"]
+
+SCHEMA_VERSION = 1
+
+
+class LayoutSpec(Frozen):
+    """``Gx × Gy × Gz × Gdata``."""
+
+    gx: PositiveInt
+    gy: PositiveInt
+    gz: PositiveInt
+    gdata: PositiveInt
+
+    def to_layout(self) -> Layout:
+        return Layout(self.gx, self.gy, self.gz, self.gdata)
+
+    @property
+    def world_size(self) -> int:
+        return self.gx * self.gy * self.gz * self.gdata
+
+
+class PredictedStep(Frozen):
+    """The cost model's prediction for this plan."""
+
+    t_step_s: float = Field(ge=0)
+    t_compute_s: float = Field(ge=0)
+    t_comm_exposed_s: float = Field(ge=0)
+    mem_total_bytes: float = Field(ge=0)
+    tflops_per_gpu: float = Field(ge=0)
+    pct_peak: float = Field(ge=0)
+    breakdown: dict[str, float] = Field(default_factory=dict, description="Every column of the prediction.")
+
+
+class LaunchConfig(Frozen):
+    """One runnable layout with its prediction."""
+
+    schema_version: int = SCHEMA_VERSION
+    plan_id: str
+    machine: str = Field(description="Machine name (or the YAML path it was ranked with).")
+    devices_per_node: PositiveInt
+    model: ModelSpec
+    options: RunOptions
+    layout: LayoutSpec
+    micro_batch: PositiveInt = Field(description="Sequences per GPU per micro-batch.")
+    recompute: bool
+    cache_weights: bool
+    grad_accum_steps: PositiveInt
+    world_size: PositiveInt
+    nodes: PositiveInt
+    prediction: PredictedStep | None = None
+    axonn_init: dict[str, int]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LaunchConfig:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"schema version {self.schema_version} is not {SCHEMA_VERSION}")
+        lay = self.layout
+        if lay.world_size != self.world_size:
+            raise ValueError(f"layout {lay.to_layout()} has {lay.world_size} GPUs, world_size says {self.world_size}")
+        per_step = lay.gdata * lay.gz * self.micro_batch * self.grad_accum_steps
+        if per_step != self.options.global_batch:
+            raise ValueError(f"Gdata*Gz*micro_batch*grad_accum_steps = {per_step} != global batch "
+                             f"{self.options.global_batch}")
+        if self.axonn_init != lay.to_layout().to_axonn_init():
+            raise ValueError("axonn_init does not match the layout")
+        return self
+
+    @classmethod
+    def build(cls, *, machine: str, devices_per_node: int, model: ModelSpec, options: RunOptions, layout: Layout,
+              micro_batch: int, recompute: bool, cache_weights: bool,
+              prediction: PredictedStep | None = None) -> LaunchConfig:
+        """A plan for one layout; grad accumulation, nodes and the AxoNN arguments are derived."""
+        per_micro = layout.gdata * layout.gz * micro_batch
+        if options.global_batch % per_micro:
+            raise AxoplanError(f"global batch {options.global_batch} is not divisible by Gdata*Gz*micro-batch "
+                               f"= {per_micro}")
+        nodes = -(-layout.world_size // devices_per_node)
+        spec = LayoutSpec(gx=layout.gx, gy=layout.gy, gz=layout.gz, gdata=layout.gdata)
+        ident = plan_id(machine, model, options, layout, micro_batch, recompute, cache_weights)
+        return cls(plan_id=ident, machine=machine, devices_per_node=devices_per_node, model=model, options=options,
+                   layout=spec, micro_batch=micro_batch, recompute=recompute, cache_weights=cache_weights,
+                   grad_accum_steps=options.global_batch // per_micro, world_size=layout.world_size, nodes=nodes,
+                   prediction=prediction, axonn_init=layout.to_axonn_init())
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan") -> LaunchConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise AxoplanError(f"{source}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "plan") -> LaunchConfig:
+        if not isinstance(data, dict):
+            raise AxoplanError(f"{source}: a launch config must be a JSON object")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise AxoplanError(f"{source}: launch-config schema version {version!r} is not supported; this "
+                               f"axoplan reads version {SCHEMA_VERSION} (re-export the plan with this axoplan)")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise AxoplanError(describe_validation_error(err, source, cls)) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> LaunchConfig:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise AxoplanError(f"cannot read launch config {p}: {exc.strerror}") from None
+        return cls.from_json(text, str(p))
+
+
+def plan_id(machine: str, model: ModelSpec, options: RunOptions, layout: Layout, micro_batch: int,
+            recompute: bool, cache_weights: bool) -> str:
+    """Short stable hash of everything that defines a plan; runs and predictions join on it."""
+    key = json.dumps({
+        "machine": machine, "model": model.model_dump(mode="json"), "options": options.model_dump(mode="json"),
+        "layout": list(layout.sizes), "micro_batch": micro_batch, "recompute": recompute, "cache": cache_weights,
+    }, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def plan_from_ranking(ranking: Any, index: int, machine_ref: str | None = None) -> LaunchConfig:
+    """The launch config of candidate `index` of a :class:`axoplan.ranking.Ranking`."""
+    c = ranking.candidates
+    rec = ranking.row(index)
+    if not rec["feasible"]:
+        raise AxoplanError(f"layout {c.layout(index)} is infeasible: {rec['reason']}")
+    numeric = {k: v for k, v in rec.items() if isinstance(v, float)}
+    pred = PredictedStep(t_step_s=rec["t_step_s"], t_compute_s=rec["t_compute_s"],
+                         t_comm_exposed_s=rec["t_comm_exposed_s"], mem_total_bytes=rec["mem_total_bytes"],
+                         tflops_per_gpu=rec["tflops_per_gpu"], pct_peak=rec["pct_peak"], breakdown=numeric)
+    return LaunchConfig.build(
+        machine=machine_ref or ranking.machine.name, devices_per_node=ranking.machine.devices_per_node,
+        model=ranking.model, options=ranking.options, layout=c.layout(index), micro_batch=rec["micro_batch"],
+        recompute=rec["recompute"], cache_weights=rec["cache_weights"], prediction=pred)
