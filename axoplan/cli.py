@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -40,13 +40,13 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
 
 
-class Choice(str, Enum):
+class Choice(StrEnum):
     on = "on"
     off = "off"
     search = "search"

@@ -153,6 +153,11 @@ class Machine(Frozen):
         np.fill_diagonal(bw, np.inf)
         return bw
 
+    @cached_property
+    def placement_memo(self) -> dict[tuple[int, int], object]:
+        """Memo of group placements by (stride, size); filled by `axoplan.cost.placement`."""
+        return {}
+
     def link_class_name(self, a: int, b: int) -> str:
         """Name of the link class joining local devices a and b."""
         key = (min(a, b), max(a, b))

@@ -123,23 +123,26 @@ def format_explain(r: Ranking, i: int) -> str:
 
 
 def _collectives_table(r: Ranking, i: int) -> str:
+    from axoplan.cost.placement import place
+
     rows = []
     for t in r.prediction.collectives:
         calls = float(t.calls_per_step[i])
-        if calls == 0 or t.group_size[i] <= 1:
-            continue
-        rows.append(_collective_row(t, i, calls))
+        if calls == 0 or t.group_size[i] <= 1 or t.seconds_per_call[i] == 0:
+            continue  # no group, or skipped (e.g. a backward all-gather of cached weights)
+        link = place(r.machine, int(t.stride[i]), int(t.group_size[i])).link
+        rows.append(_collective_row(t, i, calls, link))
     totals = [float(r.column("t_comm_total_s")[i]), float(r.column("t_comm_exposed_s")[i])]
-    rows.append(["total", "", "", "", "", "", "", "", "", f"{totals[0]:.4f}", f"{totals[0] - totals[1]:.4f}",
+    rows.append(["total", "", "", "", "", "", "", "", "", "", f"{totals[0]:.4f}", f"{totals[0] - totals[1]:.4f}",
                  f"{totals[1]:.4f}"])
-    headers = ["layer", "phase", "collective", "axis", "size", "stride", "MB/call", "calls", "GB/s", "total s",
-               "hidden s", "exposed s"]
-    return text_table(headers, rows, [False, False, False, False] + [True] * 8)
+    headers = ["layer", "phase", "collective", "axis", "size", "stride", "placement", "MB/call", "calls", "GB/s",
+               "total s", "hidden s", "exposed s"]
+    return text_table(headers, rows, [False] * 4 + [True, True, False] + [True] * 6)
 
 
-def _collective_row(t: CollectiveTerm, i: int, calls: float) -> list[str]:
+def _collective_row(t: CollectiveTerm, i: int, calls: float, link: str) -> list[str]:
     total, exposed = float(t.total_s[i]), float(t.exposed_s[i])
     bw = float(t.bandwidth_gbs[i])
-    return [t.layer, t.phase, t.op, t.axis, str(int(t.group_size[i])), str(int(t.stride[i])),
+    return [t.layer, t.phase, t.op, t.axis, str(int(t.group_size[i])), str(int(t.stride[i])), link,
             f"{t.nbytes[i] / 1e6:.2f}", f"{calls:g}", "inf" if not np.isfinite(bw) else f"{bw:.1f}",
             f"{total:.4f}", f"{total - exposed:.4f}", f"{exposed:.4f}"]

@@ -20,9 +20,10 @@ class Frozen(BaseModel):
 
 def describe_validation_error(err: ValidationError, source: str, model: type[BaseModel]) -> str:
     """Turn a pydantic error into one line naming the file, the field and the fix."""
-    first = err.errors()[0]
+    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")  # a misspelling explains a "missing"
+    first = errors[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    more = len(err.errors()) - 1
+    more = len(errors) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     if first["type"] == "extra_forbidden":
         known = _field_names_at(model, first["loc"][:-1])

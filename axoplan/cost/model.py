@@ -237,8 +237,9 @@ def _collective_terms(
         ar_bwd_exposed = np.maximum(lay.ar_bwd - lay.t_dw, 0.0) if options.overlap_all_reduce else lay.ar_bwd
         ag_rec_exp = np.minimum(ag_fwd_exposed, ag_rec)
 
-        def term(phase: str, op: str, axis: str, nbytes: Floats, k: Floats, t: Floats, e: Floats) -> None:
-            terms.append(CollectiveTerm(lay.spec.name, phase, op, axis, g.size[axis].astype(np.int64),
+        def term(phase: str, op: str, axis: str, nbytes: Floats, k: Floats, t: Floats, e: Floats,
+                 name: str = lay.spec.name) -> None:
+            terms.append(CollectiveTerm(name, phase, op, axis, g.size[axis].astype(np.int64),
                                         g.stride[axis], nbytes, k, g.bw[axis], t, e))
 
         term("forward", "all-gather", "z", lay.bytes_block, calls, lay.ag, ag_fwd_exposed)

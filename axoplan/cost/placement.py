@@ -43,7 +43,15 @@ class GroupPlacement:
 
 
 def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
-    """Placement of a group of `size` members `stride` ranks apart."""
+    """Placement of a group of `size` members `stride` ranks apart (memoised per machine)."""
+    memo = machine.placement_memo
+    key = (stride, size)
+    if key not in memo:
+        memo[key] = _place(machine, stride, size)
+    return memo[key]  # type: ignore[return-value]
+
+
+def _place(machine: Machine, stride: int, size: int) -> GroupPlacement:
     if size <= 1:
         return GroupPlacement(math.inf, 0.0, False, "none")
     n = machine.devices_per_node

@@ -1,0 +1,91 @@
+"""How fast is ranking? Prints the figures recorded in README.md (section "Speed").
+
+    python benchmarks/rank_speed.py            # full run (about a minute on 2 cores)
+    python benchmarks/rank_speed.py --quick    # fewer repetitions
+
+Measures, for 320B on Frontier:
+1. the vectorised cost model over the whole search space (layouts x micro-batch x recompute
+   x caching) for 32,768 and 1,048,576 GPUs, cold (fresh machine object) and warm;
+2. a plain per-layout Python loop over the same formulas (the same `predict` called on one
+   candidate at a time) on a random sample, extrapolated to the whole space;
+3. the start-up-included wall time of `axoplan rank --model 320B --gpus 32768 --machine frontier`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from axoplan.candidates import Candidates
+from axoplan.cost.model import predict
+from axoplan.machine import load_machine
+from axoplan.model import load_model
+from axoplan.options import RunOptions
+from axoplan.ranking import rank
+
+
+def _best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def vectorised(world: int, repeats: int) -> tuple[int, float, float]:
+    model, opts = load_model("320B"), RunOptions()
+    cands = Candidates.enumerate(world, opts)
+    cold = _best_of(lambda: rank(model, load_machine("frontier"), opts, world), repeats)
+    machine = load_machine("frontier")
+    warm = _best_of(lambda: predict(model, machine, opts, cands), repeats)
+    return len(cands), cold, warm
+
+
+def loop(world: int, sample: int) -> float:
+    """Seconds per candidate when the same formulas run one candidate at a time."""
+    model, opts, machine = load_model("320B"), RunOptions(), load_machine("frontier")
+    cands = Candidates.enumerate(world, opts)
+    idx = np.random.default_rng(0).choice(len(cands), size=min(sample, len(cands)), replace=False)
+    singles = [cands.take(np.array([i])) for i in idx]
+    t0 = time.perf_counter()
+    for c in singles:
+        predict(model, machine, opts, c)
+    return (time.perf_counter() - t0) / len(singles)
+
+
+def cli_wall(repeats: int) -> float:
+    exe = Path(sys.executable).parent / "axoplan"
+    cmd = [str(exe), "rank", "--model", "320B", "--gpus", "32768", "--machine", "frontier"]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repeats, sample = (3, 200) if args.quick else (10, 1000)
+    print(f"{'GPUs':>9} {'candidates':>10} {'rank cold ms':>12} {'model warm ms':>13} {'cand/s':>12} "
+          f"{'loop us/cand':>12} {'loop total s':>12} {'speed-up':>9}")
+    for world in (32768, 1 << 20):
+        n, cold, warm = vectorised(world, repeats)
+        per = loop(world, sample)
+        print(f"{world:>9} {n:>10} {cold * 1e3:>12.1f} {warm * 1e3:>13.1f} {n / warm:>12.3g} "
+              f"{per * 1e6:>12.0f} {per * n:>12.1f} {per * n / warm:>8.0f}x")
+    print(f"\naxoplan rank --model 320B --gpus 32768 --machine frontier: {cli_wall(5 if args.quick else 9):.2f} s "
+          "wall (median, start-up included)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Shared fixtures: shipped machines, a theory-only Frontier, and the CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from axoplan.machine import Machine, load_machine
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def frontier() -> Machine:
+    return load_machine("frontier")
+
+
+@pytest.fixture(scope="session")
+def frontier_theory() -> Machine:
+    """Frontier without the AxoNN authors' measured table: placement theory only."""
+    return load_machine("frontier").model_copy(update={"measured_bandwidth": ()})
+
+
+@pytest.fixture(scope="session")
+def perlmutter_theory() -> Machine:
+    return load_machine("perlmutter").model_copy(update={"measured_bandwidth": ()})
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the real `axoplan` entry point (the console script of this interpreter's environment)."""
+    exe = Path(sys.executable).parent / "axoplan"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "axoplan"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=cwd or REPO,
+                          env={**os.environ, **(env or {})}, timeout=300)

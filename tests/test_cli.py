@@ -1,0 +1,121 @@
+"""The CLI through its real entry point: output formats, files, and one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from axoplan.machine import machines_dir
+from tests.conftest import run_cli
+
+
+def test_rank_the_headline_command():
+    r = run_cli("rank", "--model", "320B", "--gpus", "32768", "--machine", "frontier", "--top", "5")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "13056 candidates" in lines[0]  # 816 layouts x 4 micro-batches x 2 recompute x 2 caching
+    rows = [ln.split() for ln in lines if ln.strip() and ln.split()[0].isdigit()]
+    assert [row[0] for row in rows] == ["1", "2", "3", "4", "5"]
+    for row in rows:
+        assert int(row[1]) * int(row[2]) * int(row[3]) * int(row[4]) == 32768
+    times = [float(row[7]) for row in rows]
+    assert times == sorted(times)
+
+
+def test_csv_and_json_formats_agree():
+    args = ("rank", "--model", "5B", "--gpus", "64", "--machine", "perlmutter", "--top", "3")
+    rows = list(csv.DictReader(io.StringIO(run_cli(*args, "--format", "csv").stdout)))
+    doc = json.loads(run_cli(*args, "--format", "json").stdout)
+    assert len(rows) == 3 and len(doc["rows"]) == 3
+    assert doc["machine"] == "perlmutter" and doc["world_size"] == 64
+    for a, b in zip(rows, doc["rows"], strict=True):
+        assert (int(a["gx"]), int(a["gy"]), int(a["gz"]), int(a["gdata"])) == (b["gx"], b["gy"], b["gz"], b["gdata"])
+        assert float(a["t_step_s"]) == pytest.approx(b["t_step_s"])
+        assert b["feasible"] is True
+
+
+def test_out_writes_every_candidate_and_never_overwrites(tmp_path: Path):
+    out = tmp_path / "all.csv"
+    args = ("rank", "--model", "5B", "--gpus", "64", "--machine", "alps", "--out", str(out))
+    assert run_cli(*args).returncode == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 84 * 4 * 2 * 2  # C(6+3, 3) = 84 layouts of 2^6, x micro-batch x recompute x cache
+    before = out.read_bytes()
+    again = run_cli(*args)
+    assert again.returncode == 2 and "already exists" in again.stderr and "--force" in again.stderr
+    assert out.read_bytes() == before
+    assert run_cli(*args, "--force").returncode == 0
+    infeasible = [r for r in rows if r["feasible"] == "False"]
+    assert infeasible and all(r["reason"] for r in infeasible)
+
+
+def test_infeasible_rows_show_reasons():
+    r = run_cli("rank", "--model", "320B", "--gpus", "256", "--machine", "frontier", "--infeasible", "--top", "50")
+    assert r.returncode == 0
+    assert "why infeasible" in r.stdout
+    assert "GB per GPU" in r.stdout or "does not divide" in r.stdout
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (("--model", "320B", "--gpus", "0"), "--gpus must be a positive number"),
+    (("--model", "320B", "--gpus", "-4"), "--gpus must be a positive number"),
+    (("--model", "320B", "--gpus", "64", "--machine", "frontr"), "did you mean 'frontier'"),
+    (("--model", "32B", "--gpus", "64"), "did you mean '320B'"),
+    (("--model", "320B", "--gpus", "8"), "the smallest GPU count that fits is"),
+    (("--model", "5B", "--gpus", "64", "--global-batch", "3", "--micro-batch", "2"), "try --global-batch 4"),
+    (("--model", "5B", "--gpus", "64", "--micro-batch", "x"), "comma-separated integers"),
+    (("--gpus", "8", "--hidden", "64"), "--layers"),
+])
+def test_user_errors_are_one_line_without_traceback(args, expect):
+    r = run_cli("rank", *args)
+    assert r.returncode == 2, r.stdout
+    assert expect in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bad_machine_yaml_by_path(tmp_path: Path):
+    data = yaml.safe_load((machines_dir() / "frontier.yaml").read_text())
+    data["device"]["hbm_gb"] = -1
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = run_cli("rank", "--model", "5B", "--gpus", "64", "--machine", str(path))
+    assert r.returncode == 2 and "device.hbm_gb" in r.stderr and "broken.yaml" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_custom_model_from_flags_and_yaml(tmp_path: Path):
+    r = run_cli("rank", "--layers", "4", "--hidden", "1024", "--heads", "16", "--gpus", "16", "--machine",
+                "dgx-h100", "--global-batch", "64", "--seq-len", "512", "--top", "1")
+    assert r.returncode == 0 and "custom on 16" in r.stdout
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("num_layers: 4\nhidden: 1024\nnum_heads: 16\nffn_kind: swiglu\nffn_hidden: 2816\n")
+    r = run_cli("rank", "--model", str(spec), "--gpus", "16", "--machine", "dgx-h100", "--global-batch", "64")
+    assert r.returncode == 0 and "tiny on 16" in r.stdout
+    spec.write_text("num_layers: 4\nhiden: 1024\nnum_heads: 16\n")
+    r = run_cli("rank", "--model", str(spec), "--gpus", "16")
+    assert r.returncode == 2 and "did you mean 'hidden'" in r.stderr
+
+
+def test_explain_lists_every_collective():
+    r = run_cli("explain", "--model", "5B", "--gpus", "64", "--machine", "perlmutter", "--layout", "2x2x4x4",
+                "--recompute", "on", "--cache-weights", "off")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for word in ("all-gather", "reduce-scatter", "all-reduce", "Memory per GPU", "GEMMs", "hidden s"):
+        assert word in out
+    for layer in ("qkv", "attn_out", "mlp_up", "mlp_down"):
+        assert sum(1 for ln in out.splitlines() if ln.startswith(layer)) >= 5  # 2 fwd, rec, 3 bwd, step
+    bad = run_cli("explain", "--model", "5B", "--gpus", "64", "--layout", "2x2x4x2")
+    assert bad.returncode == 2 and "uses 32 GPUs" in bad.stderr
+
+
+def test_machines_and_models_lists():
+    m = run_cli("machines")
+    assert m.returncode == 0 and "frontier" in m.stdout and "perlmutter-80gb" in m.stdout
+    p = run_cli("models")
+    assert p.returncode == 0 and "llama3.1-405B" in p.stdout and "405.9B" in p.stdout

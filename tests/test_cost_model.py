@@ -1,0 +1,164 @@
+"""The cost model: every collective's volume and count by hand, flops, memory, and invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from axoplan.candidates import Candidates
+from axoplan.cost.flops import hardware_flops, model_flops
+from axoplan.cost.model import predict
+from axoplan.layout import Layout
+from axoplan.machine import load_machine
+from axoplan.model import ModelSpec, load_model
+from axoplan.options import RunOptions
+
+H, L, S, B = 1024, 4, 512, 64
+MODEL = ModelSpec(name="t", num_layers=L, hidden=H, num_heads=16, vocab=4096)
+OPTS = RunOptions(global_batch=B, seq_len=S, micro_batches=(2,))
+
+
+def one(layout: Layout, mbs: int = 2, recompute: bool = False, cache: bool = False, **opts) -> tuple:
+    machine = load_machine("frontier")
+    options = OPTS.model_copy(update=opts) if opts else OPTS
+    c = Candidates.single(layout, mbs, recompute, cache)
+    pred = predict(MODEL, machine, options, c)
+    terms = {(t.layer, t.phase, t.op): t for t in pred.collectives}
+    return pred, terms
+
+
+def test_plain_layer_collectives_by_hand():
+    """QKV (H -> 3H, plain) with Gx=2, Gy=4, Gz=8, Gdata=2, micro-batch 2 of 512 tokens."""
+    gx, gy, gz, gd = 2, 4, 8, 2
+    pred, t = one(Layout(gx, gy, gz, gd))
+    m_l = 2 * S  # tokens per GPU per micro-batch
+    n_micro = B / (gd * gz * 2)
+    block_bytes = H * 3 * H / (gx * gy) * 2
+    ag = t["qkv", "forward", "all-gather"]
+    assert ag.axis == "z" and ag.group_size[0] == gz and ag.stride[0] == gx * gy
+    assert ag.nbytes[0] == block_bytes
+    assert ag.calls_per_step[0] == n_micro * L
+    fwd = t["qkv", "forward", "all-reduce"]
+    assert fwd.axis == "x" and fwd.nbytes[0] == m_l * 3 * H / gy * 2  # output [m_l, n/Gy] over X
+    bwd = t["qkv", "backward", "all-reduce"]
+    assert bwd.axis == "y" and bwd.nbytes[0] == m_l * H / gx * 2  # input grad [m_l, k/Gx] over Y
+    assert t["qkv", "backward", "reduce-scatter"].nbytes[0] == block_bytes
+    data = t["qkv", "step", "all-reduce"]
+    assert data.axis == "data" and data.calls_per_step[0] == L  # once per step, not per micro-batch
+    assert data.nbytes[0] == H * 3 * H / (gx * gy * gz) * 4  # fp32 gradient shard
+    assert pred.columns["grad_accum"][0] == n_micro
+
+
+def test_transposed_layer_swaps_x_and_y():
+    """MLP-down (4H -> H, transposed): forward all-reduce over Y of [m_l, H/Gx]; backward over X."""
+    gx, gy = 2, 4
+    _, t = one(Layout(gx, gy, 1, 8))
+    m_l = 2 * S
+    fwd, bwd = t["mlp_down", "forward", "all-reduce"], t["mlp_down", "backward", "all-reduce"]
+    assert fwd.axis == "y" and fwd.nbytes[0] == m_l * H / gx * 2
+    assert bwd.axis == "x" and bwd.nbytes[0] == m_l * 4 * H / gy * 2
+    assert fwd.stride[0] == gx and bwd.stride[0] == 1
+
+
+def test_ring_time_of_one_collective():
+    """Z all-gather on Frontier, stride 8 (whole node), size 8: measured table gives 5 GB/s."""
+    _, t = one(Layout(2, 4, 8, 2))
+    ag = t["qkv", "forward", "all-gather"]
+    expected = 7 / 8 * ag.nbytes[0] / 5e9 + 3 * 6e-6  # (p-1)/p · bytes / bw + log2(8) · alpha
+    assert ag.bandwidth_gbs[0] == 5.0 and ag.seconds_per_call[0] == pytest.approx(expected)
+
+
+def test_recompute_pays_forward_twice_unless_cached():
+    _, plain = one(Layout(2, 2, 4, 4), recompute=False)
+    _, rec = one(Layout(2, 2, 4, 4), recompute=True)
+    _, cached = one(Layout(2, 2, 4, 4), recompute=True, cache=True)
+    key = ("qkv", "recompute", "all-reduce")
+    assert plain[key].calls_per_step[0] == 0 and rec[key].calls_per_step[0] == plain["qkv", "forward", "all-reduce"].calls_per_step[0]
+    assert rec["qkv", "recompute", "all-gather"].total_s[0] > 0
+    assert cached["qkv", "recompute", "all-gather"].total_s[0] == 0  # cached weights: one gather per micro-batch
+    assert cached["qkv", "backward", "all-gather"].total_s[0] == 0
+
+
+def test_overlap_flags_hide_and_expose():
+    on, t_on = one(Layout(2, 4, 4, 2))
+    off, t_off = one(Layout(2, 4, 4, 2), overlap_all_reduce=False, overlap_reduce_scatter=False,
+                     overlap_all_gather=False)
+    for key in (("qkv", "backward", "all-reduce"), ("qkv", "backward", "reduce-scatter"),
+                ("qkv", "forward", "all-gather")):
+        assert t_off[key].exposed_s[0] == pytest.approx(t_off[key].total_s[0])
+        assert t_on[key].exposed_s[0] <= t_on[key].total_s[0]
+    assert on.columns["t_step_s"][0] < off.columns["t_step_s"][0]
+    # the forward all-reduce is never hidden by OAR/ORS/OAG (synchronous in AxoNN)
+    fwd = t_on["qkv", "forward", "all-reduce"]
+    assert fwd.exposed_s[0] == pytest.approx(fwd.total_s[0])
+
+
+def test_gpt_flops_match_narayanan():
+    """72·B·S·L·H²·(1 + S/6H + V/12LH) model flops; 96·…·(1 + S/6H + V/16LH) with recompute."""
+    m, o = load_model("5B"), RunOptions()
+    b, s, layers, h, v = o.global_batch, o.seq_len, m.num_layers, m.hidden, m.vocab
+    assert model_flops(m, o) == pytest.approx(72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h)))
+    hw = hardware_flops(m, o, np.array([True, False]))
+    assert hw[0] == pytest.approx(96 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h)))
+    assert hw[1] == pytest.approx(model_flops(m, o))
+
+
+def test_fully_sharded_weights_divide_by_g():
+    pred, _ = one(Layout(1, 1, 64, 1))
+    params = MODEL.num_params()
+    # shards round up, norms and biases are replicated: within 1% of params/G for this model
+    sharded_share = (params - L * MODEL.unsharded_params_per_block() - 2 * H) / 64
+    replicated = L * MODEL.unsharded_params_per_block() + 2 * H
+    assert pred.memory.weights[0] == pytest.approx(2 * (sharded_share + replicated), rel=0.01)
+    assert pred.memory.optimizer[0] == pytest.approx(6 * pred.memory.weights[0])
+
+
+def _random_candidates(draw_sizes: list[tuple[int, int, int, int]]) -> Candidates:
+    arr = np.array(draw_sizes, dtype=np.int64)
+    n = len(arr)
+    return Candidates(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], np.full(n, 2, dtype=np.int64),
+                      np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+
+
+pow2 = st.sampled_from([1, 2, 4, 8, 16, 32])
+layouts = st.lists(st.tuples(pow2, pow2, pow2, pow2), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts, st.floats(0.05, 0.99))
+def test_less_bandwidth_never_makes_a_layout_faster(sizes, factor):
+    machine = load_machine("perlmutter").model_copy(update={"measured_bandwidth": ()})
+    slower = machine.model_copy(update={
+        "inter_node": machine.inter_node.model_copy(update={"nic_bandwidth_gbs": 25 * factor}),
+        "intra_node": machine.intra_node.model_copy(update={"efficiency": 0.75 * factor}),
+    })
+    c = _random_candidates(sizes)
+    fast = predict(MODEL, machine, OPTS, c).columns["t_step_s"]
+    slow = predict(MODEL, slower, OPTS, c).columns["t_step_s"]
+    assert (slow >= fast - 1e-12).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(pow2, pow2, st.sampled_from([1, 2, 4, 8, 16, 32, 64]), st.sampled_from([2, 4, 8]))
+def test_more_z_sharding_never_raises_weight_memory(gx, gy, gz, factor):
+    c = _random_candidates([(gx, gy, gz, 1), (gx, gy, gz * factor, 1)])
+    mem = predict(MODEL, load_machine("alps"), OPTS, c).memory
+    assert mem.weights[1] <= mem.weights[0]
+    assert mem.optimizer[1] <= mem.optimizer[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts)
+def test_groups_of_one_cost_nothing_and_parts_add_up(sizes):
+    c = _random_candidates(sizes)
+    pred = predict(MODEL, load_machine("frontier"), OPTS, c)
+    col = pred.columns
+    for axis, size in (("x", c.gx), ("y", c.gy), ("z", c.gz), ("data", c.gdata)):
+        assert (col[f"t_comm_{axis}_s"][size == 1] == 0).all()
+    assert (col["t_comm_exposed_s"] <= col["t_comm_total_s"] + 1e-12).all()
+    assert (col["t_comm_exposed_s"] >= 0).all()
+    assert np.allclose(col["t_step_s"], col["t_compute_s"] + col["t_comm_exposed_s"])
+    exposed = sum(col[f"t_exposed_{a}_s"] for a in ("x", "y", "z", "data", "world"))
+    assert np.allclose(exposed, col["t_comm_exposed_s"])

@@ -1,0 +1,103 @@
+"""Layouts: rank order, groups, the AxoNN mapping, and the enumeration of all layouts."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from axoplan.candidates import Candidates
+from axoplan.errors import AxoplanError
+from axoplan.layout import Layout, divisors, ordered_factorizations, parse_layout
+from axoplan.options import RunOptions
+
+
+def _prime_exponents(n: int) -> list[int]:
+    exps, p = Counter(), 2
+    while p * p <= n:
+        while n % p == 0:
+            exps[p] += 1
+            n //= p
+        p += 1
+    if n > 1:
+        exps[n] += 1
+    return list(exps.values())
+
+
+def test_816_layouts_of_32768():
+    """Ordered factorizations of 2^15 into four factors: C(15+3, 3) = 816 (brief §5)."""
+    gx, gy, gz, gd = ordered_factorizations(2**15)
+    assert gx.size == 816
+
+
+def test_6144_is_not_a_power_of_two_but_enumerates():
+    """6144 = 3·2^11: C(1+3,3)·C(11+3,3) = 4·364 = 1456 layouts, some with a factor 3."""
+    gx, gy, gz, gd = ordered_factorizations(6144)
+    assert gx.size == 1456
+    assert ((gx * gy * gz * gd) == 6144).all()
+    assert (gd % 3 == 0).any() and (gx % 3 == 0).any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=5000))
+def test_enumeration_matches_divisor_function(g: int):
+    """Count = Π C(e_i + 3, 3) over the prime exponents e_i; all distinct; product = G."""
+    gx, gy, gz, gd = ordered_factorizations(g)
+    expected = math.prod(math.comb(e + 3, 3) for e in _prime_exponents(g))
+    assert gx.size == expected
+    assert ((gx * gy * gz * gd) == g).all()
+    assert len(set(zip(gx.tolist(), gy.tolist(), gz.tolist(), gd.tolist(), strict=True))) == expected
+
+
+def test_candidates_cross_options():
+    opts = RunOptions(micro_batches=(1, 2, 4), recompute="search", cache_weights="on")
+    c = Candidates.enumerate(64, opts)
+    assert len(c) == ordered_factorizations(64)[0].size * 3 * 2
+    assert set(c.micro_batch.tolist()) == {1, 2, 4}
+    assert c.cache_weights.all()
+
+
+def test_divisors():
+    assert divisors(12).tolist() == [1, 2, 3, 4, 6, 12]
+    assert divisors(1).tolist() == [1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4), st.integers(1, 4))
+def test_grid_follows_axonn_rank_formula(gx: int, gy: int, gz: int, gd: int):
+    lay = Layout(gx, gy, gz, gd)
+    grid = lay.grid()
+    for d, z, y, x in np.ndindex(grid.shape):
+        assert grid[d, z, y, x] == ((d * gz + z) * gy + y) * gx + x
+        assert lay.coords(int(grid[d, z, y, x])) == {"x": x, "y": y, "z": z, "data": d}
+    for axis in ("x", "y", "z", "data"):
+        groups = lay.groups(axis)
+        assert groups.shape == (lay.world_size // lay.size(axis), lay.size(axis))
+        assert sorted(groups.ravel().tolist()) == list(range(lay.world_size))
+        if lay.size(axis) > 1:
+            assert set(np.diff(groups, axis=1).ravel().tolist()) == {lay.stride(axis)}
+
+
+def test_axonn_2221_groups_match_reference():
+    """executor.md §1.1: layout 2,2,2,1, rank 7 has inner [6,7], outer [5,7], depth [3,7]."""
+    lay = Layout(2, 2, 2, 1)
+    assert [6, 7] in lay.groups("x").tolist()
+    assert [5, 7] in lay.groups("y").tolist()
+    assert [3, 7] in lay.groups("z").tolist()
+
+
+def test_axonn_init_mapping():
+    assert Layout(8, 4, 16, 2).to_axonn_init() == {
+        "G_inter": 1, "G_data": 2, "G_intra_r": 4, "G_intra_c": 8, "G_intra_d": 16}
+
+
+def test_parse_layout():
+    assert parse_layout("8x4x16x64") == Layout(8, 4, 16, 64)
+    assert parse_layout("8×4×16×64") == Layout(8, 4, 16, 64)
+    for bad in ("8x4x16", "axbxcxd", "8x4x0x2"):
+        with pytest.raises(AxoplanError):
+            parse_layout(bad)

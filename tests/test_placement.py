@@ -1,0 +1,72 @@
+"""Placement: which links a group uses, and the bandwidth its collectives get."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from axoplan.cost.placement import place, place_groups
+from axoplan.layout import Layout
+
+
+def test_frontier_x_pair_stays_on_one_mi250x(frontier_theory):
+    """Gx=2 has stride 1: ranks 2i, 2i+1 are the two GCDs of one MI250X (200 GB/s, 4 IF links)."""
+    g = place(frontier_theory, stride=1, size=2)
+    assert not g.crosses_nodes and g.link == "mi250x-package"
+    assert g.bandwidth_gbs == pytest.approx(200 * frontier_theory.intra_node.efficiency)
+
+
+def test_frontier_stride_two_pair_spans_packages(frontier_theory):
+    g = place(frontier_theory, stride=2, size=2)
+    assert not g.crosses_nodes and g.link == "cross-package"
+    assert g.bandwidth_gbs < place(frontier_theory, 1, 2).bandwidth_gbs
+
+
+def test_data_group_with_node_stride_shares_the_nics(frontier_theory):
+    """Stride 8 = one node: every member on another node; 8 groups share 4 x 25 GB/s."""
+    g = place(frontier_theory, stride=8, size=16)
+    assert g.crosses_nodes and g.link == "network"
+    assert g.bandwidth_gbs == pytest.approx(100 * 0.8 / 8)  # = 10 GB/s, i.e. 12.5 GB/s per GCD x 0.8
+    assert g.latency_us == frontier_theory.inter_node.latency_us
+
+
+def test_one_group_per_node_gets_the_whole_injection(perlmutter_theory):
+    """Stride 1, size 8 on 4-GPU nodes: one group per node uses all four NICs: 100 x 0.8 = 80 GB/s,
+    the value the AxoNN authors measured on Perlmutter (get_bw, ip=1, my>=8)."""
+    g = place(perlmutter_theory, stride=1, size=8)
+    assert g.crosses_nodes and g.bandwidth_gbs == pytest.approx(80.0)
+    assert place(perlmutter_theory, 2, 8).bandwidth_gbs == pytest.approx(40.0)  # authors: 40
+    assert place(perlmutter_theory, 4, 8).bandwidth_gbs == pytest.approx(20.0)  # authors: 20
+
+
+def test_all_to_all_nvlink_group_uses_several_rings(perlmutter_theory):
+    """4 A100s, 100 GB/s per pair: minimum cut = 3 x 100 = 300 = the per-GPU NVLink total;
+    x 0.75 gives 225 GB/s, the authors' measured Perlmutter value for ip=1, my=4."""
+    assert place(perlmutter_theory, 1, 4).bandwidth_gbs == pytest.approx(225.0)
+    assert place(perlmutter_theory, 1, 2).bandwidth_gbs == pytest.approx(75.0)
+
+
+def test_group_of_one_is_free(frontier):
+    g = place(frontier, stride=4, size=1)
+    assert math.isinf(g.bandwidth_gbs) and g.latency_us == 0
+
+
+def test_measured_table_overrides_theory(frontier, frontier_theory):
+    assert place(frontier, 1, 8).bandwidth_gbs == 135  # exact row
+    assert place(frontier, 1, 64).bandwidth_gbs == 40  # largest size matches beyond
+    assert place(frontier, 32, 2).bandwidth_gbs == 5  # largest stride matches beyond
+    assert "measured" in place(frontier, 1, 8).link
+    # a size between table rows is not guessed: theory answers
+    assert place(frontier, 1, 3).bandwidth_gbs == place(frontier_theory, 1, 3).bandwidth_gbs
+
+
+def test_vectorised_placement_matches_scalar(frontier):
+    lay = Layout(2, 4, 8, 16)
+    strides = np.array([lay.stride(a) for a in ("x", "y", "z", "data")] * 3)
+    sizes = np.array([lay.size(a) for a in ("x", "y", "z", "data")] * 3)
+    bw, lat = place_groups(frontier, strides, sizes)
+    for s, p, b, latency in zip(strides, sizes, bw, lat, strict=True):
+        g = place(frontier, int(s), int(p))
+        assert b == g.bandwidth_gbs and latency == g.latency_us

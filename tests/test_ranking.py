@@ -1,0 +1,57 @@
+"""Ranking: order, feasibility reasons, and the search for a GPU count that fits."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from axoplan.machine import load_machine
+from axoplan.model import load_model
+from axoplan.options import RunOptions
+from axoplan.plan import LaunchConfig, plan_from_ranking
+from axoplan.ranking import REASONS, rank, smallest_feasible_world
+
+
+def test_feasible_rows_first_then_by_time():
+    r = rank(load_model("20B"), load_machine("perlmutter"), RunOptions(), 256)
+    feasible = r.reason[r.order] == 0
+    assert feasible[: r.num_feasible].all() and not feasible[r.num_feasible:].any()
+    t = r.column("t_step_s")[r.order[: r.num_feasible]]
+    assert (np.diff(t) >= 0).all()
+
+
+def test_every_reason_is_explained():
+    r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 512)
+    seen = set()
+    for i in range(len(r.candidates)):
+        code = REASONS[r.reason[i]]
+        text = r.reason_text(i)
+        assert bool(code) == bool(text)
+        seen.add(code)
+    assert {"memory", "batch", "heads"} <= seen
+
+
+def test_memory_reason_matches_the_numbers():
+    machine = load_machine("frontier")
+    r = rank(load_model("320B"), machine, RunOptions(), 512)
+    mem = r.column("mem_total_bytes")
+    oom = r.reason == REASONS.index("memory")
+    assert (mem[oom] > machine.hbm_usable_bytes).all()
+    assert (mem[r.reason == 0] <= machine.hbm_usable_bytes).all()
+
+
+def test_smallest_feasible_world_is_feasible_and_minimal_among_tried():
+    model, machine, opts = load_model("80B"), load_machine("perlmutter"), RunOptions()
+    g = smallest_feasible_world(model, machine, opts, 4)
+    assert g is not None and rank(model, machine, opts, g).num_feasible > 0
+    assert rank(model, machine, opts, g // 2).num_feasible == 0
+
+
+def test_plan_from_ranking_round_trips():
+    r = rank(load_model("5B"), load_machine("alps"), RunOptions(), 64)
+    best = int(r.order[0])
+    plan = plan_from_ranking(r, best)
+    again = LaunchConfig.from_json(plan.to_json())
+    assert again == plan and again.prediction.t_step_s == r.column("t_step_s")[best]
+    lay = r.candidates.layout(best)
+    assert plan.axonn_init == lay.to_axonn_init() and plan.nodes == 16
+    assert plan.grad_accum_steps * lay.gdata * lay.gz * plan.micro_batch == 2048
