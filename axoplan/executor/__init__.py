@@ -1,0 +1,24 @@
+"""A thin executor that runs a launch config's 4D layout with torch.distributed.
+
+    axoplan run plans/01-2x2x1x1/plan.json --local 4          # 4 CPU ranks (gloo)
+    torchrun --nproc-per-node 8 -m axoplan run plan.json      # one process per GPU (NCCL)
+
+Modules (torch is imported only inside this package, and only by the modules that
+need it; ``spec``, ``record`` and ``launch`` can be imported without torch):
+
+* ``spec``      run settings, model scale-down, the checks made before start-up
+* ``groups``    the four group families, built from ``Layout.grid()`` (DeviceMesh)
+* ``timing``    per-phase timers (wall clock on CPU, CUDA events on GPU)
+* ``comm``      timed collectives, synchronous or overlapped
+* ``overlap``   Z all-gather prefetch (OAG) and weight caching; deferred reduce-scatter (ORS)
+* ``linear4d``  the 4D linear layer (plain and transposed) as an autograd Function
+* ``layers``    LayerNorm over X, vocab-parallel embedding and cross-entropy over Y
+* ``model``     the GPT-style model made of 4D linears
+* ``reference`` the same model in one process, for the correctness tests
+* ``train``     synthetic data, the training step, gradient reduction, timed iterations
+* ``record``    the measured-run record
+* ``launch``    local N-rank launcher (forkserver) and torchrun / srun start-up
+* ``worker``    what each rank runs
+* ``probe``     GEMM and collective measurements as a machine-YAML fragment
+* ``axonn_backend``  optional mapping of a plan onto ``axonn.init`` and AxoNN's layers
+"""

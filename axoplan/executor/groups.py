@@ -1,0 +1,81 @@
+"""The four group families of a layout, built in the planner's rank order.
+
+The DeviceMesh is made from ``Layout.grid()`` itself (index ``[d, z, y, x]``, X fastest:
+``rank = ((d·Gz + z)·Gy + y)·Gx + x``), with dimension names ``data, z, y, x``; every
+group's members are then checked against ``Layout.groups(axis)``, so the executor runs
+exactly the placement the cost model priced. Every rank must call this (every rank takes
+part in creating every group).
+
+DeviceMesh creates its subgroups with torch's 30-minute default timeout unless it is
+given backend options, so the options carry the run's timeout (measured: without them a
+peer that never arrives blocks the X group for as long as the peer lives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from axoplan.layout import AXES, Layout
+
+__all__ = ["Groups", "build_groups"]
+
+
+@dataclass(frozen=True)
+class Groups:
+    """This rank's process group along each axis, its coordinates, and the group sizes."""
+
+    layout: Layout
+    rank: int
+    coords: dict[str, int]
+    group: dict[str, dist.ProcessGroup]  # "x", "y", "z", "data", "world"
+    mesh: DeviceMesh
+
+    def size(self, axis: str) -> int:
+        return self.layout.world_size if axis == "world" else self.layout.size(axis)
+
+    def is_owner(self, redundant_axes: tuple[str, ...]) -> bool:
+        """True on the one member that speaks for copies repeated along `redundant_axes`."""
+        return all(self.coords[a] == 0 for a in redundant_axes)
+
+
+def build_groups(layout: Layout, device_type: str, timeout_s: float) -> Groups:
+    """Create the mesh for `layout` over the default process group and check its rank order."""
+    world = dist.get_world_size()
+    if world != layout.world_size:
+        raise RuntimeError(f"process group has {world} ranks, layout {layout} needs {layout.world_size}")
+    rank = dist.get_rank()
+    backend = dist.get_backend()
+    override = tuple((backend, _options(backend, timeout_s)) for _ in range(4))
+    mesh = DeviceMesh(device_type, torch.from_numpy(layout.grid()), mesh_dim_names=("data", "z", "y", "x"),
+                      backend_override=override)
+    groups = {axis: mesh.get_group(axis) for axis in AXES}
+    coords = layout.coords(rank)
+    for axis in AXES:
+        want = [int(r) for r in layout.groups(axis)[_row(layout, axis, coords)]]
+        got = dist.get_process_group_ranks(groups[axis])
+        if got != want:
+            raise RuntimeError(f"DeviceMesh group {axis} of rank {rank} is {got}, the planner's order says {want}")
+    groups["world"] = dist.group.WORLD
+    return Groups(layout, rank, coords, groups, mesh)
+
+
+def _row(layout: Layout, axis: str, coords: dict[str, int]) -> int:
+    """Index of this rank's group in ``layout.groups(axis)`` (the other axes, d-major)."""
+    others = [a for a in ("data", "z", "y", "x") if a != axis]
+    index = 0
+    for a in others:
+        index = index * layout.size(a) + coords[a]
+    return index
+
+
+def _options(backend: str, timeout_s: float) -> Any:
+    """Backend options that carry the collective timeout into every subgroup."""
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(seconds=timeout_s)
+    return options

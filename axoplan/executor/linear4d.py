@@ -1,0 +1,138 @@
+"""The 4D linear layer (AxoNN expert mode, ``axonn.md`` §1.2-§1.4) and the per-rank runtime.
+
+Weight ``W[n, k]``; a *plain* layer splits input features k over X and output features n
+over Y, a *transposed* one the other way round. This rank's block
+``W[n-block of its out-group coordinate, k-block of its in-group coordinate]`` is
+flattened and split over Z; the parameter is the Z-chunk. Input: ``[m_l, k/G_in]``
+(tokens split over Gdata·Gz, replicated over the out-group). Then, per micro-batch::
+
+    forward   W_blk = all-gather_Z(shard)          (OAG: prefetched; cached: kept)
+              Y = all-reduce_in(X · W_blkᵀ)        (2-chunk option: GEMM half 2 while half 1 reduces)
+    backward  W_blk again (unless cached)
+              dX = all-reduce_out(dY · W_blk)      (OAR: overlapped with the dW GEMM)
+              dW = dYᵀ · X  → reduce-scatter_Z     (ORS: overlapped with the rest of the backward)
+
+When the out-group has one member and ORS is on, dW goes first so its reduce-scatter
+overlaps the dX GEMM (AxoNN's special case).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from axoplan.executor.comm import Comm
+from axoplan.executor.groups import Groups
+from axoplan.executor.overlap import GradReducer, WeightGatherer
+from axoplan.executor.timing import PhaseTimer
+
+__all__ = ["Runtime", "Linear4D", "block_slice"]
+
+
+@dataclass
+class Runtime:
+    """Everything a layer needs on this rank: groups, collectives, timers, overlap state."""
+
+    groups: Groups
+    comm: Comm
+    timer: PhaseTimer
+    gatherer: WeightGatherer
+    reducer: GradReducer
+    overlap_all_reduce: bool
+    overlap_forward_all_reduce: bool
+    grad_reduce_dtype: str = "fp32"
+    phase: str = "forward"
+
+    @contextmanager
+    def recomputing(self) -> Iterator[None]:
+        """Mark the enclosed forward as an activation recompute (for the record's phases)."""
+        before, self.phase = self.phase, "recompute"
+        try:
+            yield
+        finally:
+            self.phase = before
+
+    def part(self, axis: str, n: int) -> slice:
+        """This rank's block of a dimension of size `n` split over `axis`."""
+        return block_slice(n, self.groups.size(axis), self.groups.coords[axis])
+
+
+def block_slice(n: int, parts: int, index: int) -> slice:
+    step = n // parts
+    return slice(index * step, (index + 1) * step)
+
+
+class Linear4D(nn.Module):
+    """``y = x · Wᵀ`` with W sharded over X, Y and Z; no bias (the model adds it)."""
+
+    def __init__(self, name: str, k_in: int, n_out: int, transposed: bool, rt: Runtime,
+                 shard: torch.Tensor) -> None:
+        super().__init__()
+        self.name, self.transposed = name, transposed
+        self.in_axis, self.out_axis = ("y", "x") if transposed else ("x", "y")
+        self.k_loc = k_in // rt.groups.size(self.in_axis)
+        self.n_loc = n_out // rt.groups.size(self.out_axis)
+        if shard.numel() * rt.groups.size("z") != self.k_loc * self.n_loc:
+            raise ValueError(f"{name}: shard of {shard.numel()} elements does not fit a "
+                             f"{self.n_loc}x{self.k_loc} block over Gz={rt.groups.size('z')}")
+        self.weight = nn.Parameter(shard)
+        self.rt = rt
+        self.key = rt.gatherer.register(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = _Linear4DFn.apply(x.reshape(-1, self.k_loc), self.weight, self)
+        return y.reshape(*lead, self.n_loc)
+
+    def gathered(self) -> torch.Tensor:
+        """The Z-gathered block ``[n_loc, k_loc]``."""
+        return self.rt.gatherer.get(self).view(self.n_loc, self.k_loc)
+
+    def extra_repr(self) -> str:
+        kind = "transposed" if self.transposed else "plain"
+        return f"{self.name}: {kind}, local block {self.n_loc}x{self.k_loc}"
+
+
+def _gemm(rt: Runtime, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with rt.timer.span("gemm"):
+        return a @ b
+
+
+class _Linear4DFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, layer: Linear4D) -> torch.Tensor:
+        rt = layer.rt
+        w = layer.gathered()
+        ctx.save_for_backward(x)
+        ctx.layer = layer
+        halves = rt.overlap_forward_all_reduce and rt.comm.size(layer.in_axis) > 1 and x.shape[0] >= 2
+        if not halves:
+            return rt.comm.all_reduce(_gemm(rt, x, w.t()), layer.in_axis)
+        mid = x.shape[0] // 2
+        pending = [rt.comm.all_reduce_async(_gemm(rt, part, w.t()), layer.in_axis) for part in (x[:mid], x[mid:])]
+        return torch.cat([p.wait() for p in pending])
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        (x,) = ctx.saved_tensors
+        layer: Linear4D = ctx.layer
+        rt = layer.rt
+        dy = dy.contiguous()
+        w = layer.gathered()
+        if rt.reducer.overlap and rt.comm.size(layer.out_axis) == 1:
+            grad_shard = rt.reducer.reduce(layer, _gemm(rt, dy.t(), x).reshape(-1))
+            return _gemm(rt, dy, w), grad_shard, None
+        dx = _gemm(rt, dy, w)
+        if rt.overlap_all_reduce:
+            pending = rt.comm.all_reduce_async(dx, layer.out_axis)
+            dw = _gemm(rt, dy.t(), x)
+            dx = pending.wait()
+        else:
+            rt.comm.all_reduce(dx, layer.out_axis)
+            dw = _gemm(rt, dy.t(), x)
+        return dx, rt.reducer.reduce(layer, dw.reshape(-1)), None

@@ -1,0 +1,171 @@
+"""The model in one process, its parameters, and how they are cut into 4D shards.
+
+The model is GPT-style (``ModelSpec``): token embedding (tied to the LM head unless
+``tied_embeddings`` is false), optional learned positions, ``num_layers`` pre-norm blocks
+(LayerNorm, causal attention, LayerNorm, MLP with GeLU or SwiGLU, residuals), a final
+LayerNorm and the LM head; loss = mean next-token cross-entropy. ``biases: false``
+drops the linear biases and the LayerNorm shifts (a LayerNorm, not an RMSNorm).
+
+Two row orders make contiguous blocks over Y carry whole heads and whole gate/up pairs
+(as Megatron lays out its fused weights): the QKV rows are grouped per KV head as
+``[q heads of the group; k; v]``, and the SwiGLU up-projection interleaves gate and up
+rows (``2i`` gate, ``2i+1`` up). The vocabulary is padded (``spec.padded_vocab``).
+
+``to_local`` is the one definition of what a rank holds: the Z-chunk of its X/Y block of
+a 4D weight, or the whole tensor of a replicated one (norms, biases, positions). The
+executor initialises from it and the tests cut reference gradients with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from axoplan.layout import Layout
+from axoplan.model import ModelSpec
+
+__all__ = ["ReferenceGPT", "full_state", "local_state", "to_local", "weight_kind", "attention_core",
+           "activation"]
+
+LN_EPS = 1e-5
+
+
+def weight_kind(name: str) -> str:
+    """'plain' or 'transposed' for a 4D-sharded weight, 'replicated' for everything else."""
+    leaf = name.rsplit(".", 2)
+    if leaf[-1] != "weight" or len(leaf) < 2:
+        return "replicated"
+    layer = leaf[-2]
+    if layer in {"qkv", "mlp_up", "lm_head", "embed"}:
+        return "plain"
+    return "transposed" if layer in {"attn_out", "mlp_down"} else "replicated"
+
+
+def attention_core(qkv: torch.Tensor, batch: int, seq: int, kv_heads: int, group: int, head_dim: int) -> torch.Tensor:
+    """Causal attention of ``[batch·seq, kv·(group+2)·d]`` grouped QKV -> ``[batch·seq, kv·group·d]``."""
+    t = qkv.view(batch, seq, kv_heads, group + 2, head_dim)
+    q = t[:, :, :, :group].reshape(batch, seq, kv_heads * group, head_dim).transpose(1, 2)
+    k = t[:, :, :, group].transpose(1, 2).repeat_interleave(group, dim=1)
+    v = t[:, :, :, group + 1].transpose(1, 2).repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2).reshape(batch * seq, kv_heads * group * head_dim)
+
+
+def activation(u: torch.Tensor, kind: str) -> torch.Tensor:
+    """GeLU (erf), or SwiGLU over interleaved gate/up columns."""
+    if kind == "swiglu":
+        return F.silu(u[..., 0::2]) * u[..., 1::2]
+    return F.gelu(u)
+
+
+class _Block(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, bias = spec.hidden, spec.biases
+        lin = {lay.name: lay for lay in spec.block_linears()}
+        self.ln1 = nn.LayerNorm(h, eps=LN_EPS, bias=bias)
+        self.qkv = nn.Linear(h, lin["qkv"].n_out, bias=bias)
+        self.attn_out = nn.Linear(h, h, bias=bias)
+        self.ln2 = nn.LayerNorm(h, eps=LN_EPS, bias=bias)
+        self.mlp_up = nn.Linear(h, lin["mlp_up"].n_out, bias=bias)
+        self.mlp_down = nn.Linear(spec.ffn, h, bias=bias)
+        self.spec = spec
+
+    def forward(self, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+        s = self.spec
+        qkv = self.qkv(self.ln1(h))
+        h = h + self.attn_out(attention_core(qkv, batch, seq, s.kv_heads, s.num_heads // s.kv_heads, s.head_dim))
+        return h + self.mlp_down(activation(self.mlp_up(self.ln2(h)), s.ffn_kind))
+
+
+class ReferenceGPT(nn.Module):
+    """The whole model on one device; parameter names match the 4D model's."""
+
+    def __init__(self, spec: ModelSpec, vocab: int) -> None:
+        super().__init__()
+        self.spec, self.vocab = spec, vocab
+        self.lm_head = nn.Linear(spec.hidden, vocab, bias=False)
+        if not spec.tied_embeddings:
+            self.embed = nn.Embedding(vocab, spec.hidden)
+        if spec.max_positions:
+            self.pos = nn.Embedding(spec.max_positions, spec.hidden)
+        self.blocks = nn.ModuleList(_Block(spec) for _ in range(spec.num_layers))
+        self.ln_f = nn.LayerNorm(spec.hidden, eps=LN_EPS, bias=spec.biases)
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        batch, seq = ids.shape
+        table = self.lm_head.weight if self.spec.tied_embeddings else self.embed.weight
+        h = F.embedding(ids, table)
+        if self.spec.max_positions:
+            h = h + self.pos.weight[:seq]
+        h = h.reshape(batch * seq, -1)
+        for block in self.blocks:
+            h = block(h, batch, seq)
+        logits = self.lm_head(self.ln_f(h))
+        return F.cross_entropy(logits.float(), targets.reshape(-1))
+
+
+def full_state(spec: ModelSpec, vocab: int, seed: int, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Every parameter of the model, drawn from one seed (float32).
+
+    Weights ~ N(0, std); LayerNorm scales 1 + N(0, 0.1) and all biases N(0, 0.1), so a
+    wrong bias or norm gradient cannot hide behind an all-zero value.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, p in ReferenceGPT(spec, vocab).named_parameters():
+        noise = torch.randn(p.shape, generator=gen)
+        if name.rsplit(".", 2)[-2].startswith("ln"):
+            out[name] = 1.0 + 0.1 * noise if name.endswith("weight") else 0.1 * noise
+        elif name.endswith("bias"):
+            out[name] = 0.1 * noise
+        else:
+            out[name] = std * noise
+    return out
+
+
+def to_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, int]) -> torch.Tensor:
+    """What rank `coords` holds of parameter `name` (also used to cut its gradient)."""
+    kind = weight_kind(name)
+    if kind == "replicated":
+        return full
+    row_axis, col_axis = ("x", "y") if kind == "transposed" else ("y", "x")
+    n, k = full.shape
+    rows, cols = n // layout.size(row_axis), k // layout.size(col_axis)
+    r0, c0 = coords[row_axis] * rows, coords[col_axis] * cols
+    block = full[r0:r0 + rows, c0:c0 + cols].reshape(-1)
+    return block.chunk(layout.gz)[coords["z"]].clone()
+
+
+def local_state(spec: ModelSpec, vocab: int, layout: Layout, coords: dict[str, int], seed: int,
+                std: float = 0.02) -> dict[str, torch.Tensor]:
+    """This rank's parameters drawn directly (no full model in memory; for large models).
+
+    A 4D shard is drawn from a seed of its (x, y, z) block, so data-parallel replicas
+    agree; norms start at (1, 0), biases at 0, positions from the common seed.
+    """
+    with torch.device("meta"):  # shapes only: a 320B model's LM head alone is gigabytes
+        shapes = {n: p.shape for n, p in ReferenceGPT(spec, vocab).named_parameters()}
+    return {name: _draw(name, shape, layout, coords, seed, std) for name, shape in shapes.items()}
+
+
+def _draw(name: str, shape: torch.Size, layout: Layout, coords: dict[str, int], seed: int,
+          std: float) -> torch.Tensor:
+    kind = weight_kind(name)
+    if kind == "replicated":
+        if name.endswith("weight") and name.rsplit(".", 2)[-2].startswith("ln"):
+            return torch.ones(shape)
+        if name.endswith("bias"):
+            return torch.zeros(shape)
+        return std * torch.randn(shape, generator=torch.Generator().manual_seed(_seed(seed, name)))
+    n, k = shape
+    numel = n * k // (layout.gx * layout.gy * layout.gz)
+    block = (coords["x"], coords["y"], coords["z"])
+    return std * torch.randn(numel, generator=torch.Generator().manual_seed(_seed(seed, name, *block)))
+
+
+def _seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")

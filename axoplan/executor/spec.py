@@ -1,0 +1,142 @@
+"""What a run needs before any process starts: settings, scale-down, and the checks.
+
+Everything here is plain Python (no torch), so a bad plan, a layout that does not divide
+the model, or a wrong world size is refused in milliseconds, before start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
+
+from axoplan.errors import AxoplanError
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+from axoplan.plan import LaunchConfig
+from axoplan.schema import Frozen, describe_validation_error
+
+__all__ = ["ExecSettings", "Scale", "scale_plan", "check_runnable", "check_world", "padded_vocab"]
+
+
+class ExecSettings(Frozen):
+    """How to run a plan (not what to run: that is the plan)."""
+
+    iterations: PositiveInt = Field(10, description="Timed iterations (optimizer steps).")
+    warmup: int = Field(2, ge=0, description="Untimed iterations first; the first records the OAG order.")
+    timeout_s: PositiveFloat = Field(120.0, description="Limit on every collective and on start-up, seconds.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto: bfloat16 on cuda (the plan's precision), float32 on cpu.")
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: PositiveFloat = 1e-4
+    seed: int = 0
+    init: Literal["local", "full"] = Field(
+        "local", description="local: each rank draws its own shards; full: slice one full model (small models).")
+    phase_timing: bool = Field(True, description="Time every phase (GEMM, each collective, waits).")
+    engine: Literal["native", "axonn"] = Field("native", description="axonn: AxoNN's expert-mode linears (GPU).")
+
+
+class Scale(Frozen):
+    """Scale a plan's model down for a small machine; None keeps the plan's value."""
+
+    layers: PositiveInt | None = None
+    hidden: PositiveInt | None = None
+    seq_len: PositiveInt | None = None
+    vocab: PositiveInt | None = None
+    grad_accum: PositiveInt | None = Field(None, description="Gradient-accumulation steps (sets the global batch).")
+
+    @property
+    def is_identity(self) -> bool:
+        return all(v is None for v in self.model_dump().values())
+
+
+def scale_plan(plan: LaunchConfig, scale: Scale) -> LaunchConfig:
+    """The plan with a smaller model, same layout, micro-batch and options (a new plan id).
+
+    A new hidden size keeps the head count and scales an explicit FFN width in proportion.
+    """
+    if scale.is_identity:
+        return plan
+    model = _scaled_model(plan.model, scale)
+    accum = scale.grad_accum or plan.grad_accum_steps
+    lay = plan.layout
+    batch = lay.gdata * lay.gz * plan.micro_batch * accum
+    try:
+        options = RunOptions.model_validate({**plan.options.model_dump(), "global_batch": batch,
+                                             "seq_len": scale.seq_len or plan.options.seq_len})
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, "scaled run options", RunOptions)) from None
+    return LaunchConfig.build(machine=plan.machine, devices_per_node=plan.devices_per_node, model=model,
+                              options=options, layout=lay.to_layout(), micro_batch=plan.micro_batch,
+                              recompute=plan.recompute, cache_weights=plan.cache_weights, prediction=None)
+
+
+def _scaled_model(model: ModelSpec, scale: Scale) -> ModelSpec:
+    updates: dict[str, object] = {}
+    if scale.layers is not None:
+        updates["num_layers"] = scale.layers
+    if scale.hidden is not None:
+        updates["hidden"] = scale.hidden
+        if model.ffn_hidden is not None:
+            updates["ffn_hidden"] = max(1, round(model.ffn_hidden * scale.hidden / model.hidden))
+    if scale.vocab is not None:
+        updates["vocab"] = scale.vocab
+    if scale.seq_len is not None and model.max_positions:
+        updates["max_positions"] = max(model.max_positions, scale.seq_len)
+    parts = [f"{k}={v}" for k, v in (("layers", scale.layers), ("hidden", scale.hidden), ("vocab", scale.vocab))
+             if v is not None]
+    if parts:
+        updates["name"] = f"{model.name} scaled ({', '.join(parts)})"
+    try:
+        return ModelSpec.model_validate({**model.model_dump(), **updates})
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, "scaled model", ModelSpec)) from None
+
+
+def padded_vocab(vocab: int, gx: int, gy: int, gz: int) -> int:
+    """Vocabulary rounded up to a multiple of Gx·Gy·Gz.
+
+    The LM head (and the tied embedding) is a plain 4D linear: vocab rows over Y, then the
+    block flattened over Z, so ``V/Gy`` must divide by Gz. The cost model pads to Gx·Gy.
+    """
+    g = gx * gy * gz
+    return -(-vocab // g) * g
+
+
+def check_runnable(plan: LaunchConfig) -> None:
+    """Refuse a plan whose layout does not divide the model (AxoplanError, one line)."""
+    problems = _problems(plan)
+    if problems:
+        lay = plan.layout.to_layout()
+        raise AxoplanError(f"layout {lay} cannot run {plan.model.name}: {'; '.join(problems)} "
+                           f"(choose another layout, or scale the model with --hidden/--layers)")
+
+
+def _problems(plan: LaunchConfig) -> list[str]:
+    m, lay = plan.model, plan.layout
+    size = {"x": lay.gx, "y": lay.gy}
+    out: list[str] = []
+    for lin in m.block_linears():
+        k_axis, n_axis = ("y", "x") if lin.transposed else ("x", "y")
+        n_split = m.ffn if lin.name == "mlp_up" and m.ffn_kind == "swiglu" else lin.n_out
+        if lin.k_in % size[k_axis]:
+            out.append(f"{lin.name} input features {lin.k_in} not divisible by G{k_axis}={size[k_axis]}")
+        if n_split % size[n_axis]:
+            out.append(f"{lin.name} output features {n_split} not divisible by G{n_axis}={size[n_axis]}")
+        elif lin.k_in % size[k_axis] == 0 and (lin.k_in * lin.n_out // (lay.gx * lay.gy)) % lay.gz:
+            out.append(f"{lin.name} weight block {lin.k_in * lin.n_out // (lay.gx * lay.gy)} not divisible by "
+                       f"Gz={lay.gz}")
+    if m.kv_heads % lay.gy:
+        out.append(f"{m.kv_heads} KV heads not divisible by Gy={lay.gy}")
+    if m.max_positions and plan.options.seq_len > m.max_positions:
+        out.append(f"sequence length {plan.options.seq_len} exceeds the {m.max_positions} learned positions")
+    return out
+
+
+def check_world(plan: LaunchConfig, world_size: int, where: str) -> None:
+    """Refuse to start when the launcher's world size is not the layout's."""
+    if world_size != plan.world_size:
+        lay = plan.layout.to_layout()
+        raise AxoplanError(f"{where} has {world_size} ranks but layout {lay} needs {plan.world_size}; "
+                           f"start {plan.world_size} ranks (e.g. --local {plan.world_size})")

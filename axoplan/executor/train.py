@@ -1,0 +1,230 @@
+"""One rank's run: build the model, make synthetic tokens, train, time every phase.
+
+An iteration is one optimizer step: ``grad_accum_steps`` micro-batches of
+``micro_batch`` sequences (forward, backward, drain the overlapped reduce-scatters),
+then the gradient reductions and the optimizer step::
+
+    data   all-reduce of every 4D weight shard's gradient (one flat buffer, in the plan's
+           grad_reduce_dtype)                            — ``axonn.md`` §1.3 "after bwd"
+    world  all-reduce of the whole parameters' gradients (norms, biases, positions), each
+           counted once (copies on redundant members are zeroed), with the loss appended
+
+Each rank's loss is its tokens' mean divided by ``Gdata·Gz·grad_accum_steps``, so the
+reductions yield exactly the gradient of the global batch's mean loss.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from axoplan.executor.comm import Comm
+from axoplan.executor.groups import Groups, build_groups
+from axoplan.executor.linear4d import Runtime
+from axoplan.executor.model import GPT4D
+from axoplan.executor.overlap import GradReducer, WeightGatherer
+from axoplan.executor.reference import full_state, local_state, to_local
+from axoplan.executor.spec import ExecSettings, padded_vocab
+from axoplan.executor.timing import PHASES, PhaseTimer
+from axoplan.plan import LaunchConfig
+
+__all__ = ["RankResult", "run_rank", "synthetic_tokens", "local_batches", "resolve_device", "resolve_dtype",
+           "plan_vocab"]
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank measured; timing fields are already reduced over all ranks."""
+
+    rank: int
+    losses: list[float]  # global mean loss of every iteration, warm-up included
+    iter_s: list[float]  # per timed iteration, the slowest rank's seconds
+    phase_s: dict[str, float]  # seconds per iteration by phase, mean over ranks
+    grads: dict[str, np.ndarray] | None  # this rank's gradients of the last iteration (before its step)
+    device_name: str
+    backend: str
+    dtype: str
+
+
+def resolve_device(settings: ExecSettings, local_rank: int) -> torch.device:
+    if settings.device == "cpu" or (settings.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+
+
+def resolve_dtype(settings: ExecSettings, device: torch.device) -> torch.dtype:
+    if settings.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, settings.dtype)
+
+
+def plan_vocab(plan: LaunchConfig) -> int:
+    lay = plan.layout
+    return padded_vocab(plan.model.vocab, lay.gx, lay.gy, lay.gz)
+
+
+def synthetic_tokens(plan: LaunchConfig, seed: int) -> torch.Tensor:
+    """The global batch ``[B, S+1]`` of token ids, identical on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, plan.model.vocab, (plan.options.global_batch, plan.options.seq_len + 1), generator=gen)
+
+
+def local_batches(plan: LaunchConfig, tokens: torch.Tensor, coords: dict[str, int],
+                  device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's (inputs, targets) per micro-batch: shard ``d·Gz + z`` of the batch (AxoNN's order)."""
+    lay = plan.layout
+    per_rank = plan.options.global_batch // (lay.gdata * lay.gz)
+    start = (coords["data"] * lay.gz + coords["z"]) * per_rank
+    mine = tokens[start:start + per_rank]
+    mb = plan.micro_batch
+    return [(mine[i * mb:(i + 1) * mb, :-1].to(device), mine[i * mb:(i + 1) * mb, 1:].to(device))
+            for i in range(plan.grad_accum_steps)]
+
+
+def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
+             collect_grads: bool = False) -> RankResult:
+    """Run `plan` on this rank of an initialised default process group."""
+    device = resolve_device(settings, local_rank)
+    dtype = resolve_dtype(settings, device)
+    groups = build_groups(plan.layout.to_layout(), device.type, settings.timeout_s)
+    timer = PhaseTimer(device, settings.phase_timing)
+    rt = _runtime(plan, groups, timer)
+    vocab = plan_vocab(plan)
+    params = _initial_params(plan, settings, groups, vocab)
+    model = GPT4D(plan.model, vocab, {k: v.to(device, dtype) for k, v in params.items()}, rt, plan.recompute)
+    batches = local_batches(plan, synthetic_tokens(plan, settings.seed), groups.coords, device)
+    optimizer = _optimizer(model, settings)
+    scale = 1.0 / (plan.layout.gdata * plan.layout.gz * plan.grad_accum_steps)
+    losses, times, phases, grads = [], [], [], None
+    for it in range(settings.warmup + settings.iterations):
+        last = it == settings.warmup + settings.iterations - 1
+        timer.reset()
+        t0 = time.perf_counter()
+        loss, snapshot = _step(model, rt, batches, optimizer, scale, collect_grads and last)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - t0
+        losses.append(loss)
+        grads = snapshot if snapshot is not None else grads
+        if it >= settings.warmup:
+            times.append(elapsed)
+            phases.append(timer.collect())
+    iter_s, phase_s = _reduce_timings(rt.comm, times, phases, device)
+    return RankResult(groups.rank, losses, iter_s, phase_s, grads, device_name(device),
+                      torch.distributed.get_backend(), str(dtype).removeprefix("torch."))
+
+
+def _runtime(plan: LaunchConfig, groups: Groups, timer: PhaseTimer) -> Runtime:
+    comm = Comm(groups, timer)
+    o = plan.options
+    return Runtime(groups, comm, timer, WeightGatherer(comm, o.overlap_all_gather, plan.cache_weights),
+                   GradReducer(comm, o.overlap_reduce_scatter), o.overlap_all_reduce, o.overlap_forward_all_reduce,
+                   o.grad_reduce_dtype)
+
+
+def _initial_params(plan: LaunchConfig, settings: ExecSettings, groups: Groups, vocab: int) -> dict[str, torch.Tensor]:
+    lay, coords = groups.layout, groups.coords
+    if settings.init == "local":
+        return local_state(plan.model, vocab, lay, coords, settings.seed)
+    full = full_state(plan.model, vocab, settings.seed)
+    return {name: to_local(name, t, lay, coords) for name, t in full.items()}
+
+
+def _optimizer(model: GPT4D, settings: ExecSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=settings.lr)
+    return torch.optim.Adam(model.parameters(), lr=settings.lr)
+
+
+def _step(model: GPT4D, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Tensor]],
+          optimizer: torch.optim.Optimizer, scale: float,
+          snapshot: bool) -> tuple[float, dict[str, np.ndarray] | None]:
+    rt.gatherer.start_iteration()
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float32, device=batches[0][0].device)
+    for ids, targets in batches:
+        rt.phase = "forward"
+        loss = model(ids, targets) * scale
+        loss.backward()
+        rt.reducer.drain()
+        rt.gatherer.end_micro_batch()
+        total += loss.detach().float()
+    global_loss = sync_gradients(model, rt, total)
+    grads = _snapshot(model) if snapshot else None
+    with rt.timer.span("optimizer"):
+        optimizer.step()
+    return global_loss, grads
+
+
+def sync_gradients(model: GPT4D, rt: Runtime, loss_part: torch.Tensor) -> float:
+    """All-reduce shard gradients over data, whole ones (and the loss) over the world."""
+    reduce_dtype = torch.float32 if rt.grad_reduce_dtype == "fp32" else torch.bfloat16
+    shards = [_grad(p) for _, p in model.sharded()]
+    _all_reduce_flat(shards, rt.comm, "data", reduce_dtype)
+    whole = [_grad(p) for _, p, _ in model.replicated()]
+    owner = [rt.groups.is_owner(axes) for _, _, axes in model.replicated()]
+    flat = torch.cat([g.reshape(-1).float() * float(own) for g, own in zip(whole, owner, strict=True)]
+                     + [loss_part.reshape(1) * float(rt.groups.is_owner(("x", "y")))])
+    rt.comm.all_reduce(flat, "world")
+    _unflatten(flat[:-1], whole)
+    return float(flat[-1])
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    return p.grad
+
+
+def _all_reduce_flat(tensors: list[torch.Tensor], comm: Comm, axis: str, dtype: torch.dtype) -> None:
+    if comm.size(axis) == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1).to(dtype) for t in tensors])
+    comm.all_reduce(flat, axis)
+    _unflatten(flat, tensors)
+
+
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def _snapshot(model: GPT4D) -> dict[str, np.ndarray]:
+    named = [(n, p) for n, p in model.sharded()] + [(n, p) for n, p, _ in model.replicated()]
+    return {n: p.grad.detach().float().cpu().numpy().copy() for n, p in named}
+
+
+def _reduce_timings(comm: Comm, times: list[float], phases: list[dict[str, float]],
+                    device: torch.device) -> tuple[list[float], dict[str, float]]:
+    """Per-iteration maximum over ranks, and phase means over iterations and ranks."""
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    comm.all_reduce(slowest, "world", op=torch.distributed.ReduceOp.MAX)
+    mean = [statistics.fmean(p.get(k, 0.0) for p in phases) if phases else 0.0 for k in PHASES]
+    per_phase = torch.tensor(mean, dtype=torch.float64, device=device)
+    comm.all_reduce(per_phase, "world")
+    per_phase /= comm.size("world")
+    return slowest.cpu().tolist(), dict(zip(PHASES, per_phase.cpu().tolist(), strict=True))
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return _cpu_model() or platform.processor() or platform.machine()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return ""
+    return ""

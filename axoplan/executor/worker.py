@@ -1,0 +1,91 @@
+"""What each rank runs: join the process group, then run tasks until told to stop.
+
+Preloaded by the local launcher's forkserver, so it imports torch at the top. A task
+that raises is reported as one line (its rank and cause) and the process exits at once:
+its peers are then blocked in, or about to enter, a collective with it, and the launcher
+(or the collective timeout) stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from axoplan.executor.launch import describe_exception, resolve_task
+from axoplan.executor.record import build_record
+from axoplan.executor.spec import ExecSettings
+from axoplan.executor.train import run_rank
+from axoplan.plan import LaunchConfig
+
+__all__ = ["serve", "init_group", "run_plan_task", "train_task", "fault_task"]
+
+
+def init_group(rank: int, world_size: int, timeout_s: float, device: str, init_method: str | None = None) -> None:
+    """Join the default process group (NCCL on CUDA, else gloo) with a timeout on every collective."""
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    else:
+        torch.set_num_threads(1)  # N ranks share the cores; avoids the fork/OpenMP hang too
+    dist.init_process_group("nccl" if use_cuda else "gloo", init_method=init_method, rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def serve(rank: int, world_size: int, port: int, timeout_s: float, device: str, tasks: Any, results: Any) -> None:
+    """Process body of a local rank."""
+    try:
+        init_group(rank, world_size, timeout_s, device, f"tcp://127.0.0.1:{port}")
+    except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
+        _report_and_exit(results, rank, f"could not join the process group: {describe_exception(exc)}")
+    while (item := tasks.get()) is not None:
+        name, args = item
+        try:
+            out = resolve_task(name)(*args)
+        except BaseException as exc:  # noqa: BLE001
+            if os.environ.get("AXOPLAN_TRACEBACK"):
+                traceback.print_exc(file=sys.stderr)
+            _report_and_exit(results, rank, describe_exception(exc))
+        results.put((rank, "ok", out))
+    dist.destroy_process_group()
+
+
+def _report_and_exit(results: Any, rank: int, cause: str) -> None:
+    results.put((rank, "error", cause))
+    results.close()
+    results.join_thread()
+    os._exit(1)
+
+
+def run_plan_task(plan_json: str, settings_json: str) -> str | None:
+    """Run the plan; rank 0 returns the measured-run record as JSON, the others None."""
+    plan = LaunchConfig.from_json(plan_json)
+    settings = ExecSettings.model_validate_json(settings_json)
+    result = run_rank(plan, settings, local_rank=dist.get_rank())
+    if result.rank != 0:
+        return None
+    return build_record(plan, settings, result, torch.__version__, nodes=1).model_dump_json()
+
+
+def train_task(plan_json: str, settings_json: str) -> tuple[list[float], dict[str, Any], dict[str, int]]:
+    """Run the plan and return the losses, this rank's last gradients and its coordinates (tests)."""
+    plan = LaunchConfig.from_json(plan_json)
+    settings = ExecSettings.model_validate_json(settings_json)
+    result = run_rank(plan, settings, local_rank=dist.get_rank(), collect_grads=True)
+    return result.losses, result.grads or {}, plan.layout.to_layout().coords(result.rank)
+
+
+def fault_task(plan_json: str, settings_json: str, bad_rank: int, kind: str) -> str | None:
+    """Run the plan with one rank failing on purpose: 'raise', 'exit' or 'kill' (fault tests)."""
+    if dist.get_rank() == bad_rank:
+        if kind == "raise":
+            raise RuntimeError("injected fault")
+        if kind == "kill":
+            os.kill(os.getpid(), 9)
+        os._exit(3)
+    return run_plan_task(plan_json, settings_json)
