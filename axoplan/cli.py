@@ -269,6 +269,9 @@ def models() -> None:
 
 # --- commands defined in other modules are registered below, one line each ---
 # (each module imports only typer and the standard library at its top; the work is imported lazily)
+from axoplan.commands.export import export as _export  # noqa: E402
+
+app.command("export")(user_errors(_export))
 
 
 def main() -> None:

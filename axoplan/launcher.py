@@ -1,26 +1,115 @@
 """The launcher block of a machine YAML: how a centre wants jobs submitted.
 
-Only the schema lives here; `axoplan.export` renders it into job scripts. Strings may
-hold placeholders such as ``{nodes}`` or ``{account}`` that the exporter fills in.
+Only the schema lives here; :mod:`axoplan.export` renders it into job scripts, so a new
+machine needs YAML, not code. Strings may hold ``{name}`` placeholders (``{nodes}``,
+``{account}``, ...; see :data:`PLACEHOLDERS`) that the exporter fills per layout. Shell
+syntax such as ``${VAR}`` or ``$((N*8))`` is left alone: a ``{`` right after ``$`` is
+never a placeholder.
+
+    launcher:
+      scheduler: slurm
+      header: ["-A {account}", "-N {nodes}", "-t {walltime}"]
+      launch: "srun -N {nodes} -n {tasks}"
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from axoplan.errors import closest_hint
 from axoplan.schema import Frozen
 
-__all__ = ["LauncherSpec"]
+__all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "fill", "placeholders_in",
+           "placeholder_text"]
+
+SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container")
+"""Values that belong to the user or the site: flags, AXOPLAN_* variables, YAML defaults, else ``<NAME>``."""
+
+JOB_VALUES: Final = ("nodes", "tasks", "tasks_per_node", "gpus_per_node", "walltime", "job_name", "plan_id")
+"""Values computed per exported layout."""
+
+PLACEHOLDERS: Final = SITE_VALUES + JOB_VALUES
+
+_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def placeholders_in(text: str) -> list[str]:
+    """Names of the ``{name}`` placeholders in `text`, in order."""
+    return _PLACEHOLDER.findall(text)
+
+
+def placeholder_text(name: str) -> str:
+    """The visible stand-in for a site value nobody gave: ``account`` -> ``<ACCOUNT>``."""
+    return f"<{name.upper()}>"
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """Replace every ``{name}`` in `text` by ``values[name]``."""
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
 class LauncherSpec(Frozen):
-    """Scheduler header, modules, environment and launch line for one machine."""
+    """Scheduler header, modules, environment and launch line for one machine.
 
-    scheduler: Literal["slurm", "torchrun"] = Field(description="Batch system the script targets.")
-    header: tuple[str, ...] = Field((), description="Scheduler directives, without the '#SBATCH ' prefix.")
+    The job script runs, in order: the header directives, ``set -eo pipefail``, the
+    modules, the ``env`` exports, the ``setup`` lines, the AXOPLAN_* exports, and finally
+    ``launch`` followed by the payload. When ``task_env`` or ``task_setup`` is given, the
+    payload runs inside ``bash -c '...; exec "$@"'`` so those lines run in every task
+    (on every node), after the launcher has set the task's own variables.
+    """
+
+    scheduler: Literal["slurm", "torchrun"] = Field(
+        description="Batch system the script targets: 'slurm' (sbatch job.sh) or 'torchrun' (bash job.sh on "
+                    "every node of a plain cluster).")
+    header: tuple[str, ...] = Field(
+        (), description="Scheduler directives without the '#SBATCH ' prefix (slurm only). A line whose site "
+                        "value is empty (see 'defaults') is left out.")
+    defaults: dict[str, str] = Field(
+        default_factory=dict, description="Default site values (partition, qos, ...) when neither a flag nor an "
+                                          "AXOPLAN_* variable gives one; '' leaves out the header lines using it.")
     modules: tuple[str, ...] = Field((), description="Modules to load, in order.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment variables to export.")
-    setup: tuple[str, ...] = Field((), description="Shell lines run before the launch line.")
-    launch: str = Field(description="Launch command; the payload is appended to it.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Variables exported by the batch script, in order; each value is "
+                                          "written inside double quotes, so $VAR and $(cmd) expand.")
+    setup: tuple[str, ...] = Field((), description="Shell lines run once by the batch script, before the launch.")
+    launch: str = Field(description="Launch command (srun or torchrun with its options); the payload follows it.")
+    task_env: dict[str, str] = Field(
+        default_factory=dict, description="Variables set inside every task, e.g. RANK: $SLURM_PROCID "
+                                          "(expanded in the task; no single quotes).")
+    task_setup: tuple[str, ...] = Field(
+        (), description="Shell lines run inside every task before the payload, e.g. creating a node-local "
+                        "cache folder (no single quotes).")
+
+    @model_validator(mode="after")
+    def _check(self) -> LauncherSpec:
+        if self.header and self.scheduler != "slurm":
+            raise ValueError(f"'header' holds scheduler directives, but scheduler is {self.scheduler!r}")
+        for key in self.defaults:
+            if key not in SITE_VALUES:
+                raise ValueError(f"defaults: {key!r} is not a site value{closest_hint(key, SITE_VALUES)}; "
+                                 f"known: {', '.join(SITE_VALUES)}")
+        for name in (*self.env, *self.task_env):
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        for text in self._texts():
+            for name in placeholders_in(text):
+                if name not in PLACEHOLDERS:
+                    raise ValueError(f"unknown placeholder {{{name}}} in {text!r}{closest_hint(name, PLACEHOLDERS)}"
+                                     f"; known: {', '.join(PLACEHOLDERS)}")
+        for text in (*self.task_env.values(), *self.task_setup):
+            if "'" in text:
+                raise ValueError(f"task_env and task_setup run inside bash -c '...' and cannot hold a single "
+                                 f"quote: {text!r}")
+        return self
+
+    def _texts(self) -> tuple[str, ...]:
+        return (*self.header, *self.modules, *self.env.values(), *self.setup, self.launch,
+                *self.task_env.values(), *self.task_setup)
+
+    def placeholders(self) -> set[str]:
+        """Every placeholder name the block uses."""
+        return {name for text in self._texts() for name in placeholders_in(text)}

@@ -1,0 +1,201 @@
+"""`axoplan export`: write the top layouts as launch configs and ready-to-submit job scripts.
+
+    axoplan export --model 320B --gpus 32768 --machine frontier --top 5 --out-dir plans/
+    axoplan export --ranking ranking.json --top 3 --account ABC123
+
+Only typer and the standard library are imported here; the work is imported when the
+command runs, so `axoplan --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["export"]
+
+
+class _Choice(StrEnum):
+    on = "on"
+    off = "off"
+    search = "search"
+
+
+# options that define a fresh ranking; a saved ranking (--ranking) already fixes them
+_RANKING_FLAGS = ("model", "gpus", "global_batch", "seq_len", "micro_batch", "recompute", "cache_weights", "oar",
+                  "ors", "oag", "overlap_forward_all_reduce", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
+                  "vocab")
+_SITE_HELP = "Written into the job scripts; otherwise the machine's default or a visible placeholder like <{}>."
+
+
+def export(
+    ctx: typer.Context,
+    ranking: Annotated[Path | None, typer.Option(
+        "--ranking", help="A ranking saved by `axoplan rank --out FILE.json`: export from it instead of ranking "
+                          "again (model, GPUs and options come from the file).")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Preset (see `axoplan models`) or path to a model YAML.", show_default=False)] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", "-g", help="Number of GPUs (GCDs on Frontier).",
+                                             show_default=False)] = None,
+    machine: Annotated[str | None, typer.Option(
+        "--machine", help="Shipped machine or path to a machine YAML (default: frontier, or the machine named "
+                          "in --ranking).", show_default=False)] = None,
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")] = 2048,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 2048,
+    micro_batch: Annotated[str, typer.Option("--micro-batch", help="Per-GPU micro-batch sizes to search.")] = "1,2,4,8",
+    recompute: Annotated[_Choice, typer.Option("--recompute", help="Full activation recompute.")] = _Choice.search,
+    cache_weights: Annotated[_Choice, typer.Option(
+        "--cache-weights", help="Keep Z-gathered weights for the backward.")] = _Choice.search,
+    oar: Annotated[bool, typer.Option("--oar/--no-oar", help="Overlap the backward all-reduce (OAR).")] = True,
+    ors: Annotated[bool, typer.Option("--ors/--no-ors", help="Overlap Z reduce-scatters (ORS).")] = True,
+    oag: Annotated[bool, typer.Option("--oag/--no-oag", help="Prefetch Z all-gathers (OAG).")] = True,
+    overlap_forward_all_reduce: Annotated[bool, typer.Option(
+        "--overlap-forward-all-reduce/--no-overlap-forward-all-reduce",
+        help="2-chunk forward all-reduce overlap.")] = False,
+    top: Annotated[int, typer.Option("--top", "-n", min=1, help="How many of the best layouts to export.")] = 5,
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder to write one sub-folder per layout into.")
+                       ] = Path("plans"),
+    account: Annotated[str | None, typer.Option(
+        "--account", envvar="AXOPLAN_ACCOUNT", help=_SITE_HELP.format("ACCOUNT"), show_default=False)] = None,
+    partition: Annotated[str | None, typer.Option(
+        "--partition", envvar="AXOPLAN_PARTITION", help=_SITE_HELP.format("PARTITION"), show_default=False)] = None,
+    qos: Annotated[str | None, typer.Option(
+        "--qos", envvar="AXOPLAN_QOS", help=_SITE_HELP.format("QOS"), show_default=False)] = None,
+    python_env: Annotated[str | None, typer.Option(
+        "--python-env", envvar="AXOPLAN_PYTHON_ENV", help="Python environment (venv or conda) with PyTorch and "
+        "axoplan, activated by the script. " + _SITE_HELP.format("PYTHON_ENV"), show_default=False)] = None,
+    container: Annotated[str | None, typer.Option(
+        "--container", envvar="AXOPLAN_CONTAINER", help="Container image or environment (Alps: EDF TOML). "
+        + _SITE_HELP.format("CONTAINER"), show_default=False)] = None,
+    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Iterations the job runs; wall time = "
+                                            "predicted s/iter x iterations + margin.")] = 100,
+    margin_minutes: Annotated[float, typer.Option("--margin-minutes", min=0, help="Minutes added to the predicted "
+                                                  "run time for start-up and safety.")] = 10.0,
+    command: Annotated[str | None, typer.Option(
+        "--command", help="Launch your own training command instead of `python -m axoplan run plan.json`; it gets "
+                          "the layout as AXOPLAN_* variables (docs/export.md).", show_default=False)] = None,
+    allow_partial_nodes: Annotated[bool, typer.Option(
+        "--allow-partial-nodes", help="Allow a GPU count that does not fill whole nodes.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing plan.json / job.sh files.")] = False,
+    layers: Annotated[int | None, typer.Option("--layers", min=1, help="Custom model: number of layers.")] = None,
+    hidden: Annotated[int | None, typer.Option("--hidden", min=1, help="Custom model: hidden size.")] = None,
+    heads: Annotated[int | None, typer.Option("--heads", min=1, help="Custom model: attention heads.")] = None,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="Custom model: KV heads (GQA).")] = None,
+    ffn_hidden: Annotated[int | None, typer.Option("--ffn-hidden", min=1, help="Custom model: FFN width.")] = None,
+    vocab: Annotated[int | None, typer.Option("--vocab", min=1, help="Custom model: vocabulary size.")] = None,
+) -> None:
+    """Export the top --top layouts as launch configs (plan.json) and job scripts (job.sh), one folder each.
+
+    Ranks --model on --gpus GPUs of --machine (same options as `axoplan rank`), or reads a
+    ranking saved with `axoplan rank --out FILE.json` (--ranking). Job scripts follow the
+    machine YAML's launcher block (Slurm or torchrun). Existing files are never replaced
+    without --force, and a failed export writes nothing.
+    """
+    from axoplan.export import prepare_exports, summary, write_exports
+
+    site = {"account": account, "partition": partition, "qos": qos, "python_env": python_env,
+            "container": container}
+    settings = _settings(iterations=iterations, margin_minutes=margin_minutes, command=command,
+                         allow_partial_nodes=allow_partial_nodes, site=site)
+    if ranking is not None:
+        _refuse_ranking_flags(ctx, ranking)
+        source, ref = _saved(ranking, machine)
+    else:
+        custom = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+                  "ffn_hidden": ffn_hidden, "vocab": vocab}
+        ref = machine or "frontier"
+        source = _fresh(model, gpus, ref, (global_batch, seq_len, micro_batch, recompute, cache_weights, oar, ors,
+                                           oag, overlap_forward_all_reduce), custom)
+    exports = prepare_exports(source, ref, top, settings)
+    write_exports(exports, out_dir, force)
+    launcher = source.machine.launcher
+    assert launcher is not None  # prepare_exports refused a machine without one
+    typer.echo(f"exported {len(exports)} layout{'s' if len(exports) > 1 else ''} of {source.model.name} on "
+               f"{source.world_size} GPUs of {source.machine.name} to {out_dir}\n")
+    typer.echo(summary(exports, out_dir, launcher.scheduler))
+    for note in _notes(launcher, settings, site, len(exports), top):
+        typer.echo(f"note: {note}", err=True)
+
+
+def _settings(**fields: Any) -> Any:
+    from pydantic import ValidationError
+
+    from axoplan.errors import AxoplanError
+    from axoplan.export import JobSettings
+    from axoplan.schema import describe_validation_error
+
+    try:
+        return JobSettings.model_validate(fields)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, "export options", JobSettings)) from None
+
+
+def _refuse_ranking_flags(ctx: typer.Context, ranking: Path) -> None:
+    from axoplan.errors import AxoplanError
+
+    for name in _RANKING_FLAGS:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in {"COMMANDLINE", "ENVIRONMENT"}:
+            flag = "--" + name.replace("_", "-")
+            raise AxoplanError(f"--ranking {ranking} already fixes the model, GPUs and options; leave out {flag} "
+                               f"(or rank afresh without --ranking)")
+
+
+def _saved(ranking: Path, machine: str | None) -> tuple[Any, str]:
+    from axoplan.errors import AxoplanError
+    from axoplan.export import load_saved_ranking
+    from axoplan.machine import load_machine
+
+    def machine_for(name: str) -> Any:
+        if machine is None:
+            try:
+                return load_machine(name)
+            except AxoplanError:
+                raise AxoplanError(f"{ranking} was ranked on machine {name!r}, which does not ship with axoplan; "
+                                   f"pass --machine path/to/{name}.yaml") from None
+        loaded = load_machine(machine)
+        if loaded.name != name:
+            raise AxoplanError(f"{ranking} was ranked on machine {name!r}, but --machine {machine} is "
+                               f"{loaded.name!r}; leave out --machine or give the one it was ranked on")
+        return loaded
+
+    source = load_saved_ranking(ranking, machine_for)
+    return source, machine or source.machine.name
+
+
+def _fresh(model: str | None, gpus: int | None, machine: str, options: tuple[Any, ...],
+           custom: dict[str, int | None]) -> Any:
+    from axoplan.cli import _setup
+    from axoplan.errors import AxoplanError
+    from axoplan.ranking import explain_infeasible, rank
+
+    if gpus is None:
+        raise AxoplanError("give --gpus N (and --model), or --ranking FILE.json saved by `axoplan rank --out`")
+    spec, mach, opts = _setup(model, machine, *options, **custom)
+    result = rank(spec, mach, opts, gpus)
+    if result.num_feasible == 0:
+        raise AxoplanError(explain_infeasible(result))
+    return result
+
+
+def _notes(launcher: Any, settings: Any, site: dict[str, str | None], exported: int, top: int) -> list[str]:
+    """Placeholders left in the scripts, site values this machine does not use, fewer layouts than asked."""
+    from axoplan.export.job import site_values
+    from axoplan.launcher import placeholder_text
+
+    used = launcher.placeholders()
+    values = site_values(launcher, settings.site)
+    notes = []
+    left = [placeholder_text(n) for n, v in values.items() if n in used and v == placeholder_text(n)]
+    if left:
+        flags = ", ".join(f"--{n.strip('<>').lower().replace('_', '-')}" for n in left)
+        notes.append(f"the scripts still hold {', '.join(left)}: give {flags} (or AXOPLAN_* variables), or edit them")
+    unused = [n for n, v in site.items() if v is not None and n not in used]
+    if unused:
+        notes.append(f"this machine's job scripts use no {', '.join(unused)}; ignored")
+    if exported < top:
+        notes.append(f"only {exported} feasible layout{'s' if exported > 1 else ''} to export (asked for {top})")
+    return notes

@@ -1,0 +1,103 @@
+"""Export the top k layouts of a ranking: one folder each with ``plan.json`` and ``job.sh``.
+
+    plans/01-x4-y8-z1024-d1/plan.json   the launch config (axoplan.plan.LaunchConfig)
+    plans/01-x4-y8-z1024-d1/job.sh      the job script, from the machine's launcher block
+
+Everything is built and checked in memory first (launch configs round-trip, scripts pass
+``bash -n``); only then are the files written, all or nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from axoplan.errors import AxoplanError
+from axoplan.export.files import NewFile, write_all_or_nothing
+from axoplan.export.job import JobSettings
+from axoplan.export.saved import SavedRanking
+from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, job_values, render_job_script
+from axoplan.plan import LaunchConfig, plan_from_ranking
+from axoplan.ranking import Ranking
+
+__all__ = ["ExportedPlan", "folder_label", "prepare_exports", "write_exports", "top_indices", "summary"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedPlan:
+    """One exported layout: its folder name, launch config and job script."""
+
+    rank: int
+    folder: str
+    plan: LaunchConfig
+    script: str
+    nodes: int
+    walltime: str
+
+
+def top_indices(source: Ranking | SavedRanking, k: int) -> list[int]:
+    """Candidate indices of the k best feasible rows, best first."""
+    if isinstance(source, SavedRanking):
+        return source.top(k)
+    return [int(i) for i in source.order if source.reason[i] == 0][:k]
+
+
+def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
+                    settings: JobSettings) -> list[ExportedPlan]:
+    """Launch configs and job scripts of the k best feasible layouts, in memory."""
+    indices = top_indices(source, k)
+    if not indices:
+        raise AxoplanError(f"no feasible layout to export among the {source.world_size}-GPU candidates; "
+                           f"run `axoplan rank --infeasible` to see why")
+    width = max(2, len(str(len(indices))))
+    out = []
+    for n, i in enumerate(indices, start=1):
+        plan = _checked_plan(source, i, machine_ref)
+        folder = f"{n:0{width}d}-{folder_label(plan)}"
+        script = render_job_script(plan, source.machine, settings, folder, n)
+        values = job_values(plan, source.machine, settings, folder)
+        out.append(ExportedPlan(n, folder, plan, script, int(values["nodes"]), values["walltime"]))
+    return out
+
+
+def folder_label(plan: LaunchConfig) -> str:
+    """``x4-y8-z512-d2``: the layout with its axis names, safe in a file name."""
+    lay = plan.layout
+    return f"x{lay.gx}-y{lay.gy}-z{lay.gz}-d{lay.gdata}"
+
+
+def _checked_plan(source: Any, i: int, machine_ref: str) -> LaunchConfig:
+    """The launch config of row i, refused unless it reads back to the same object."""
+    plan = plan_from_ranking(source, i, machine_ref)
+    if LaunchConfig.from_json(plan.to_json(), "exported plan") != plan:
+        raise AxoplanError(f"launch config {plan.plan_id} does not read back unchanged (a non-finite prediction?); "
+                           f"not exporting it")
+    return plan
+
+
+def write_exports(exports: list[ExportedPlan], out_dir: Path, force: bool) -> list[Path]:
+    """Write every plan.json and job.sh under `out_dir`, all or nothing."""
+    files = []
+    for e in exports:
+        files.append(NewFile(f"{e.folder}/{PLAN_NAME}", e.plan.to_json()))
+        files.append(NewFile(f"{e.folder}/{SCRIPT_NAME}", e.script, mode=0o777))
+    return write_all_or_nothing(out_dir, files, force=force)
+
+
+def summary(exports: list[ExportedPlan], out_dir: Path, scheduler: str) -> str:
+    """What was written, as a table, and how to submit it."""
+    from axoplan.report import text_table
+
+    rows = []
+    for e in exports:
+        pred = e.plan.prediction
+        rows.append([str(e.rank), str(e.plan.layout.to_layout()), str(e.plan.micro_batch),
+                     f"{pred.t_step_s:.3f}" if pred else "-", str(e.nodes), e.walltime, e.plan.plan_id,
+                     str(out_dir / e.folder)])
+    table = text_table(["rank", "layout", "mbs", "s/iter", "nodes", "wall time", "plan", "folder"], rows,
+                       [True, False, True, True, True, True, False, False])
+    first = out_dir / exports[0].folder
+    how = (f"cd {first} && sbatch {SCRIPT_NAME}" if scheduler == "slurm"
+           else f"cd {first} && MASTER_ADDR=<first node> bash {SCRIPT_NAME}   (on every node)")
+    return f"{table}\n\nsubmit each from its folder, e.g.: {how}"

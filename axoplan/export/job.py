@@ -1,0 +1,98 @@
+"""Job-level numbers and settings: nodes, tasks, wall time, and the user's site values.
+
+Wall time (seconds) = predicted step time × iterations + margin, rounded up to whole
+minutes (Slurm's granularity) and never under one minute; written ``HH:MM:SS`` (hours
+may exceed 24, which Slurm accepts).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, PositiveInt, field_validator
+
+from axoplan.errors import AxoplanError
+from axoplan.launcher import SITE_VALUES, LauncherSpec, placeholder_text
+from axoplan.schema import Frozen
+
+__all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_walltime", "site_values",
+           "ENV_PREFIX"]
+
+ENV_PREFIX = "AXOPLAN_"
+_UNSAFE = set("\"'$`\\\n\r")
+
+
+class SiteSettings(Frozen):
+    """Values that belong to the user or the centre; None = not given."""
+
+    account: str | None = Field(None, description="Project or account to charge (Slurm -A).")
+    partition: str | None = Field(None, description="Slurm partition.")
+    qos: str | None = Field(None, description="Slurm quality of service.")
+    python_env: str | None = Field(None, description="Python environment with PyTorch and axoplan (venv or conda).")
+    container: str | None = Field(None, description="Container image or environment (Alps: EDF TOML).")
+
+    @field_validator("*")
+    @classmethod
+    def _shell_safe(cls, v: str | None) -> str | None:
+        # values go inside double quotes or #SBATCH lines; these characters would change the script's meaning
+        if v is not None and _UNSAFE & set(v):
+            raise ValueError("must not contain quotes, '$', backquotes, backslashes or newlines")
+        return v
+
+
+class JobSettings(Frozen):
+    """How one export turns launch configs into job scripts."""
+
+    iterations: PositiveInt = Field(100, description="Iterations the job runs; sets the wall time.")
+    margin_minutes: float = Field(10.0, ge=0, description="Minutes added to the predicted run time (start-up).")
+    command: str | None = Field(None, description="The user's own training command instead of the executor.")
+    allow_partial_nodes: bool = Field(False, description="Allow a GPU count that does not fill whole nodes.")
+    site: SiteSettings = Field(default_factory=SiteSettings)
+
+    @field_validator("command")
+    @classmethod
+    def _non_empty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+def node_counts(world_size: int, devices_per_node: int, allow_partial: bool, machine: str) -> tuple[int, int]:
+    """(nodes, tasks per node) for one task per device; nodes = G / devices per node."""
+    nodes, rest = divmod(world_size, devices_per_node)
+    if rest == 0:
+        return nodes, devices_per_node
+    if not allow_partial:
+        raise AxoplanError(f"{world_size} GPUs is not a whole number of {machine} nodes ({devices_per_node} per "
+                           f"node); use a multiple of {devices_per_node}, or pass --allow-partial-nodes")
+    nodes += 1
+    if world_size % nodes:
+        raise AxoplanError(f"{world_size} GPUs cannot be spread evenly over {nodes} {machine} nodes; use a "
+                           f"multiple of {devices_per_node} GPUs")
+    return nodes, world_size // nodes
+
+
+def walltime_s(t_step_s: float, iterations: int, margin_minutes: float) -> int:
+    """Predicted run time plus margin, rounded up to whole minutes, at least one minute."""
+    if not math.isfinite(t_step_s) or t_step_s < 0:
+        raise AxoplanError(f"predicted step time {t_step_s} s is not a usable number; cannot set a wall time")
+    seconds = t_step_s * iterations + margin_minutes * 60
+    minutes = math.ceil(seconds / 60)
+    if minutes * 60 < seconds:  # seconds / 60 rounded down to a whole number
+        minutes += 1
+    return max(60, minutes * 60)
+
+
+def format_walltime(seconds: int) -> str:
+    """``HH:MM:SS`` (hours may exceed 24)."""
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def site_values(launcher: LauncherSpec, site: SiteSettings) -> dict[str, str]:
+    """Each site value: given > the YAML's default > a visible ``<NAME>`` placeholder ('' = leave out)."""
+    out = {}
+    for name in SITE_VALUES:
+        given = getattr(site, name)
+        out[name] = given if given is not None else launcher.defaults.get(name, placeholder_text(name))
+    return out

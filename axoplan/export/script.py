@@ -1,0 +1,176 @@
+"""Render one launch config into a job script from the machine YAML's launcher block.
+
+The script knows nothing about any particular centre: the header, modules, environment,
+setup and launch line all come from ``launcher:`` in the machine YAML; the layout and
+the prediction come from the launch config; the account and other site values come from
+the user (or stay visible placeholders such as ``<ACCOUNT>``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from axoplan.errors import AxoplanError
+from axoplan.export.job import (
+    ENV_PREFIX,
+    JobSettings,
+    format_walltime,
+    node_counts,
+    site_values,
+    walltime_s,
+)
+from axoplan.launcher import SITE_VALUES, LauncherSpec, fill, placeholders_in
+from axoplan.machine import Machine
+from axoplan.plan import LaunchConfig
+
+__all__ = ["render_job_script", "job_values", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD", "SCRIPT_NAME",
+           "PLAN_NAME"]
+
+SCRIPT_NAME = "job.sh"
+PLAN_NAME = "plan.json"
+EXECUTOR_PAYLOAD = 'python -u -m axoplan run "$AXOPLAN_PLAN"'
+_INDENT = "    "
+
+
+def require_launcher(machine: Machine) -> LauncherSpec:
+    if machine.launcher is None:
+        raise AxoplanError(f"machine {machine.name!r} has no 'launcher:' block, so axoplan cannot write its job "
+                           f"scripts; add one to its YAML (see docs/export.md)")
+    return machine.launcher
+
+
+def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name: str) -> dict[str, str]:
+    """Every placeholder's value for this plan: site values, nodes, tasks, wall time, job name."""
+    launcher = require_launcher(machine)
+    nodes, per_node = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes,
+                                  machine.name)
+    if plan.prediction is None:
+        raise AxoplanError(f"launch config {plan.plan_id} has no prediction, so no wall time can be set; "
+                           f"export it from a ranking")
+    wall = walltime_s(plan.prediction.t_step_s, settings.iterations, settings.margin_minutes)
+    return {**site_values(launcher, settings.site), "nodes": str(nodes), "tasks": str(plan.world_size),
+            "tasks_per_node": str(per_node), "gpus_per_node": str(per_node), "walltime": format_walltime(wall),
+            "job_name": f"axoplan-{name}", "plan_id": plan.plan_id}
+
+
+def payload_env(plan: LaunchConfig, settings: JobSettings) -> dict[str, str]:
+    """The AXOPLAN_* variables every script exports for its payload (names documented in docs/export.md).
+
+    The AxoNN ones are ``AXOPLAN_`` + the upper-cased ``axonn.init`` keyword
+    (``AXOPLAN_G_INTRA_C`` = Gx, ...), taken from the launch config's ``axonn_init``.
+    """
+    env = {f"{ENV_PREFIX}PLAN_ID": plan.plan_id}
+    env.update({ENV_PREFIX + key.upper(): str(value) for key, value in plan.axonn_init.items()})
+    env.update({
+        f"{ENV_PREFIX}MICRO_BATCH": str(plan.micro_batch),
+        f"{ENV_PREFIX}GRAD_ACCUM_STEPS": str(plan.grad_accum_steps),
+        f"{ENV_PREFIX}GLOBAL_BATCH": str(plan.options.global_batch),
+        f"{ENV_PREFIX}SEQ_LEN": str(plan.options.seq_len),
+        f"{ENV_PREFIX}RECOMPUTE": str(int(plan.recompute)),
+        f"{ENV_PREFIX}CACHE_WEIGHTS": str(int(plan.cache_weights)),
+        f"{ENV_PREFIX}ITERATIONS": str(settings.iterations),
+    })
+    return env
+
+
+def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSettings, name: str, rank: int) -> str:
+    """The job script for `plan`, checked with ``bash -n``; `name` is its folder, `rank` its place in the ranking."""
+    launcher = require_launcher(machine)
+    values = job_values(plan, machine, settings, name)
+    parts = [
+        ["#!/bin/bash", *_comments(plan, machine, settings, values, rank), *_header(launcher, values)],
+        ["set -eo pipefail"],
+        [f"module load {fill(m, values)}" for m in launcher.modules],
+        _exports(launcher.env, values),
+        [fill(line, values) for line in launcher.setup],
+        _plan_block(plan, settings),
+        _launch(launcher, values, settings.command or EXECUTOR_PAYLOAD),
+    ]
+    text = "\n\n".join("\n".join(p) for p in parts if p) + "\n"
+    check_bash_syntax(text, f"the job script for machine {machine.name!r}")
+    return text
+
+
+def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, values: dict[str, str],
+              rank: int) -> list[str]:
+    lay, pred = plan.layout, plan.prediction
+    assert pred is not None  # job_values refused a plan without one
+    init = " ".join(f"{k}={v}" for k, v in plan.axonn_init.items())
+    opts = ["recompute" if plan.recompute else "no recompute"]
+    if plan.cache_weights and lay.gz > 1:
+        opts.append("cached weights")
+    lines = [
+        f"# axoplan export, rank {rank}: {plan.model.name} on {plan.world_size} x {machine.device.name} "
+        f"({machine.name}), {values['nodes']} nodes",
+        f"# layout Gx={lay.gx} Gy={lay.gy} Gz={lay.gz} Gdata={lay.gdata}; axonn.init({init})",
+        f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
+        f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
+        f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
+        f"# predicted {pred.t_step_s:.3f} s/iteration x {settings.iterations} iterations + "
+        f"{settings.margin_minutes:g} min margin = wall time {values['walltime']}",
+        f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
+    ]
+    if require_launcher(machine).scheduler == "slurm":
+        lines.append(f"# submit from this folder:  sbatch {SCRIPT_NAME}")
+    else:
+        lines += [f"# run from this folder on each of the {values['nodes']} nodes at once:",
+                  f"#   MASTER_ADDR=<first node> bash {SCRIPT_NAME}"]
+    return lines
+
+
+def _exports(env: dict[str, str], values: dict[str, str]) -> list[str]:
+    """``export K="V"``; with a command substitution, assign first so a failing command stops the script."""
+    lines = []
+    for key, value in env.items():
+        text = fill(value, values)
+        lines += [f'{key}="{text}"', f"export {key}"] if "$(" in text else [f'export {key}="{text}"']
+    return lines
+
+
+def _header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+    """#SBATCH lines; a line that uses an empty site value (e.g. no QOS) is left out."""
+    out = []
+    for line in launcher.header:
+        if any(values[p] == "" for p in placeholders_in(line) if p in SITE_VALUES):
+            continue
+        out.append(f"#SBATCH {fill(line, values)}")
+    return out
+
+
+def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
+    lines = [
+        "# the launch config, and the layout as variables for the payload (see docs/export.md)",
+        f'export {ENV_PREFIX}PLAN="${{{ENV_PREFIX}PLAN:-$PWD/{PLAN_NAME}}}"',
+        f'if [ ! -f "${ENV_PREFIX}PLAN" ]; then',
+        f'{_INDENT}echo "{SCRIPT_NAME}: no launch config at ${ENV_PREFIX}PLAN; submit from the folder holding '
+        f'{PLAN_NAME}, or set {ENV_PREFIX}PLAN" >&2',
+        f"{_INDENT}exit 1",
+        "fi",
+    ]
+    return lines + [f"export {k}={v}" for k, v in payload_env(plan, settings).items()]
+
+
+def _launch(launcher: LauncherSpec, values: dict[str, str], payload: str) -> list[str]:
+    """The launch line; with task_env / task_setup the payload runs inside a per-task bash."""
+    head = fill(launcher.launch, values)
+    inner = [fill(line, values) for line in launcher.task_setup]
+    if launcher.task_env:
+        inner.insert(0, "export " + " ".join(f'{k}="{fill(v, values)}"' for k, v in launcher.task_env.items()))
+    if not inner:
+        return [f"{head} \\", f"{_INDENT}{payload}"]
+    body = "\n".join(f"{_INDENT * 2}{line}" for line in [*inner, 'exec "$@"'])
+    return ["# shellcheck disable=SC2016  # the quoted lines run, and expand, inside every task",
+            f"{head} \\", f"{_INDENT}bash -c '", f"{body}' axoplan-task \\", f"{_INDENT}{payload}"]
+
+
+def check_bash_syntax(text: str, what: str) -> None:
+    """Refuse a script that ``bash -n`` cannot parse (skipped where there is no bash)."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return
+    done = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        first = (done.stderr.strip().splitlines() or ["syntax error"])[0]
+        raise AxoplanError(f"{what} does not parse as bash ({first}); check the quotes in its launcher block "
+                           f"or --command")
