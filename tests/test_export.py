@@ -664,6 +664,19 @@ def test_launcher_spec_rules():
             LauncherSpec.model_validate(bad)
 
 
+def test_docs_show_a_current_frontier_script(tmp_path: Path):
+    """docs/export.md's Frontier script parses and has the same directives and launch options as today's."""
+    text = (REPO / "docs" / "export.md").read_text()
+    doc = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if b.startswith("#!/bin/bash"))
+    (tmp_path / "doc.sh").write_text(doc)
+    assert bash_n(tmp_path / "doc.sh").returncode == 0
+    golden = (GOLDEN / "frontier.sh").read_text()
+    assert parse_sbatch(doc).keys() == parse_sbatch(golden).keys()
+    assert launch_words(doc, "srun")[5:] == launch_words(golden, "srun")[5:]  # options after -N n -n G
+    assert [ln for ln in doc.splitlines() if ln.startswith(("export NCCL", "export FI_", "module load"))] == \
+           [ln for ln in golden.splitlines() if ln.startswith(("export NCCL", "export FI_", "module load"))]
+
+
 def test_export_is_listed_in_help():
     r = cli("--help")
     assert r.returncode == 0 and "export" in r.stdout
