@@ -598,6 +598,20 @@ def test_bad_input_is_one_line(tmp_path: Path):
                       "not a whole number of frontier nodes", "--allow-partial-nodes")
     assert_user_error(cli("export", "--model", "5B", "--machine", "frontier", "--out-dir", out), "--gpus")
     assert not Path(out).exists()
+    (tmp_path / "afile").write_text("x")
+    assert_user_error(cli("export", "--model", "5B", "--gpus", "16", "--out-dir", str(tmp_path / "afile")),
+                      "is a file, not a folder")
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_fewer_feasible_layouts_than_asked(tmp_path: Path):
+    """8 GPUs, one micro-batch size, recompute and caching fixed: at most C(3+3, 3) = 20 layouts."""
+    r = cli("export", "--model", "5B", "--gpus", "8", "--machine", "frontier", "--micro-batch", "1", "--recompute",
+            "off", "--cache-weights", "off", "--top", "50", "--out-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    folders = sorted(p.name for p in (tmp_path / "o").iterdir())
+    assert 0 < len(folders) <= 20 and folders[0].startswith("01-")
+    assert f"only {len(folders)} feasible layouts to export (asked for 50)" in r.stderr
 
 
 def test_partial_node_export_when_asked(tmp_path: Path):
