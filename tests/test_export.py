@@ -598,6 +598,9 @@ def test_bad_input_is_one_line(tmp_path: Path):
                       "not a whole number of frontier nodes", "--allow-partial-nodes")
     assert_user_error(cli("export", "--model", "5B", "--machine", "frontier", "--out-dir", out), "--gpus")
     assert not Path(out).exists()
+    assert_user_error(cli("export", "--model", "5B", "--gpus", "16", "--command", "python 'train.py", "--out-dir",
+                          out), "does not parse as bash", "--command")
+    assert not Path(out).exists()
     (tmp_path / "afile").write_text("x")
     assert_user_error(cli("export", "--model", "5B", "--gpus", "16", "--out-dir", str(tmp_path / "afile")),
                       "is a file, not a folder")
