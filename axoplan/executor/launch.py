@@ -1,7 +1,7 @@
 """Starting ranks: N local processes (forkserver), or the ones torchrun / srun started.
 
-**Local** (`LocalCluster`): a forkserver with torch, torch.distributed, DeviceMesh and
-torch._dynamo preloaded forks the N ranks (about a second on 2 cores, against about
+**Local** (`LocalCluster`): a forkserver with torch, torch.distributed and DeviceMesh
+preloaded forks the N ranks (about a second on 2 cores, against about
 ten for ``torchrun``: ``executor.md`` §3). Plain ``fork`` from a process that has used
 the OpenMP pool can deadlock, which forkserver avoids. Each rank joins one process group
 (gloo on CPU, NCCL on GPU) with the run's timeout and then runs the tasks it is sent, so
@@ -31,8 +31,8 @@ from axoplan.errors import AxoplanError
 
 __all__ = ["LocalCluster", "RankFailure", "DistEnv", "dist_env", "PRELOAD", "describe_exception", "resolve_task"]
 
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch._dynamo", "torch.optim",
-           "torch.utils.checkpoint", "axoplan.executor.worker"]
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.utils.checkpoint",
+           "axoplan.executor.worker"]
 _GRACE_S = 1.0  # after the first failure, how long to collect the other ranks' reports
 
 
@@ -62,24 +62,40 @@ class DistEnv:
 
 
 def dist_env(environ: dict[str, str] | None = None) -> DistEnv | None:
-    """This process's rank from the launcher's environment, or None outside a launcher."""
+    """This process's rank from the launcher's environment, or None outside a launcher.
+
+    torchrun's RANK / WORLD_SIZE / LOCAL_RANK win (job scripts under srun often export
+    them from SLURM_*); plain srun's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID work too.
+    """
     env = dict(os.environ if environ is None else environ)
+    slurm = "SLURM_PROCID" in env and "SLURM_NTASKS" in env
     if "RANK" in env and "WORLD_SIZE" in env:
-        keys, launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_WORLD_SIZE"), "torchrun"
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        keys, launcher = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES"), "srun"
-        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
-        if missing:
-            raise AxoplanError(f"started by srun but {' and '.join(missing)} not set; export them in the job "
-                               f"script (MASTER_ADDR = the first node's hostname)")
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    elif slurm:
+        keys = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
     else:
         return None
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise AxoplanError(f"{' and '.join(missing)} not set; export them in the job script (MASTER_ADDR = the "
+                           f"first node's hostname, MASTER_PORT = a free port such as 29500)")
     try:
-        rank, world, local, nodes = (int(env.get(k, "1" if k in keys[3:] else "0")) for k in keys)
+        rank, world, local = (int(env.get(k, "0")) for k in keys)
+        nodes = _node_count(env, world)
     except ValueError:
-        raise AxoplanError(f"{launcher} environment has a non-integer rank: "
+        raise AxoplanError(f"launcher environment has a non-integer rank: "
                            f"{', '.join(f'{k}={env.get(k)}' for k in keys)}") from None
-    return DistEnv(rank, world, local, max(nodes, 1), launcher)
+    return DistEnv(rank, world, local, nodes, "srun" if slurm else "torchrun")
+
+
+def _node_count(env: dict[str, str], world: int) -> int:
+    if "SLURM_NNODES" in env:
+        return int(env["SLURM_NNODES"])
+    if "GROUP_WORLD_SIZE" in env:
+        return int(env["GROUP_WORLD_SIZE"])
+    if "LOCAL_WORLD_SIZE" in env:
+        return max(1, world // int(env["LOCAL_WORLD_SIZE"]))
+    return 1
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -189,10 +205,15 @@ class LocalCluster:
         for rank, cause in self._dead().items():
             if "signal" in cause or rank not in reports:
                 reports[rank] = cause
+        silent = [r for r in range(self.world_size) if r not in reports]
         self.close(kill=True)
         rank = _root_cause(reports, first)
+        if _is_collateral(reports[rank]) and silent:
+            rank = silent[0]
+            reports[rank] = f"did not respond (its peers timed out or lost it: {reports[min(reports)]})"
         cause = reports.pop(rank)
-        raise RankFailure(rank, cause if cause.startswith("died") else f"failed: {cause}", reports)
+        verb = "" if cause.startswith(("died", "did not")) else "failed: "
+        raise RankFailure(rank, verb + cause, reports)
 
     def close(self, kill: bool = False) -> None:
         """Stop the ranks: politely (finish, leave the group) unless `kill`."""
@@ -212,13 +233,20 @@ class LocalCluster:
         self._procs = []
 
 
+_COLLATERAL = ("Connection closed by peer", "Connection reset", "Timed out", "timed out", "Read error")
+
+
+def _is_collateral(cause: str) -> bool:
+    """A failure caused by another rank (lost connection, timeout), not by this one."""
+    return any(s in cause for s in _COLLATERAL)
+
+
 def _root_cause(reports: dict[int, str], first: dict[int, str]) -> int:
-    """A rank that died, else one that did not just lose a peer or time out, else the first."""
+    """A rank that died, else one whose failure is its own, else the first to report."""
     died = [r for r, c in reports.items() if c.startswith("died")]
     if died:
         return min(died)
-    collateral = ("Connection closed by peer", "Connection reset", "Timed out", "Read error", "timed out")
-    own = [r for r, c in reports.items() if not any(s in c for s in collateral)]
+    own = [r for r, c in reports.items() if not _is_collateral(c)]
     return min(own) if own else min(first)
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from axoplan.layout import Layout
 from axoplan.model import ModelSpec
 
-__all__ = ["ReferenceGPT", "full_state", "local_state", "to_local", "weight_kind", "attention_core",
+__all__ = ["ReferenceGPT", "full_state", "local_state", "param_shapes", "to_local", "weight_kind", "attention_core",
            "activation"]
 
 LN_EPS = 1e-5
@@ -116,8 +116,8 @@ def full_state(spec: ModelSpec, vocab: int, seed: int, std: float = 0.02) -> dic
     """
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
-    for name, p in ReferenceGPT(spec, vocab).named_parameters():
-        noise = torch.randn(p.shape, generator=gen)
+    for name, shape in param_shapes(spec, vocab).items():
+        noise = torch.randn(shape, generator=gen)
         if name.rsplit(".", 2)[-2].startswith("ln"):
             out[name] = 1.0 + 0.1 * noise if name.endswith("weight") else 0.1 * noise
         elif name.endswith("bias"):
@@ -147,12 +147,31 @@ def local_state(spec: ModelSpec, vocab: int, layout: Layout, coords: dict[str, i
     A 4D shard is drawn from a seed of its (x, y, z) block, so data-parallel replicas
     agree; norms start at (1, 0), biases at 0, positions from the common seed.
     """
-    with torch.device("meta"):  # shapes only: a 320B model's LM head alone is gigabytes
-        shapes = {n: p.shape for n, p in ReferenceGPT(spec, vocab).named_parameters()}
-    return {name: _draw(name, shape, layout, coords, seed, std) for name, shape in shapes.items()}
+    return {name: _draw(name, shape, layout, coords, seed, std) for name, shape in param_shapes(spec, vocab).items()}
 
 
-def _draw(name: str, shape: torch.Size, layout: Layout, coords: dict[str, int], seed: int,
+def param_shapes(spec: ModelSpec, vocab: int) -> dict[str, tuple[int, ...]]:
+    """Name and full shape of every parameter, as ``ReferenceGPT`` has them (without building it:
+    a 320B model's LM head alone is gigabytes, and meta tensors would import torch._dynamo)."""
+    h = spec.hidden
+    out: dict[str, tuple[int, ...]] = {"lm_head.weight": (vocab, h)}
+    if not spec.tied_embeddings:
+        out["embed.weight"] = (vocab, h)
+    if spec.max_positions:
+        out["pos.weight"] = (spec.max_positions, h)
+    norm = ("weight", "bias") if spec.biases else ("weight",)
+    for i in range(spec.num_layers):
+        for lin in spec.block_linears():
+            if lin.name in {"qkv", "mlp_up"}:
+                out.update({f"blocks.{i}.{'ln1' if lin.name == 'qkv' else 'ln2'}.{k}": (h,) for k in norm})
+            out[f"blocks.{i}.{lin.name}.weight"] = (lin.n_out, lin.k_in)
+            if spec.biases:
+                out[f"blocks.{i}.{lin.name}.bias"] = (lin.n_out,)
+    out.update({f"ln_f.{k}": (h,) for k in norm})
+    return out
+
+
+def _draw(name: str, shape: tuple[int, ...], layout: Layout, coords: dict[str, int], seed: int,
           std: float) -> torch.Tensor:
     kind = weight_kind(name)
     if kind == "replicated":

@@ -16,7 +16,7 @@ from axoplan.options import RunOptions
 from axoplan.plan import LaunchConfig
 from axoplan.schema import Frozen, describe_validation_error
 
-__all__ = ["ExecSettings", "Scale", "scale_plan", "check_runnable", "check_world", "padded_vocab"]
+__all__ = ["ExecSettings", "make_settings", "Scale", "scale_plan", "check_runnable", "check_world", "padded_vocab"]
 
 
 class ExecSettings(Frozen):
@@ -35,6 +35,25 @@ class ExecSettings(Frozen):
         "local", description="local: each rank draws its own shards; full: slice one full model (small models).")
     phase_timing: bool = Field(True, description="Time every phase (GEMM, each collective, waits).")
     engine: Literal["native", "axonn"] = Field("native", description="axonn: AxoNN's expert-mode linears (GPU).")
+    fault: str = Field("", pattern=r"^(\d+:(raise|exit|kill|hang)@\d+)?$",
+                       description="Fault drill 'RANK:KIND@ITERATION': that rank raises, exits, is killed or "
+                                   "hangs when the iteration starts (to check a cluster's failure handling).")
+
+    def fault_at(self, rank: int, iteration: int) -> str | None:
+        """The kind of fault this rank must show at this iteration, if any."""
+        if not self.fault:
+            return None
+        where, _, when = self.fault.partition("@")
+        bad, _, kind = where.partition(":")
+        return kind if int(bad) == rank and int(when) == iteration else None
+
+
+def make_settings(**values: object) -> ExecSettings:
+    """ExecSettings from command-line values; a bad value is an AxoplanError."""
+    try:
+        return ExecSettings.model_validate(values)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, "run settings", ExecSettings)) from None
 
 
 class Scale(Frozen):

@@ -15,7 +15,9 @@ reductions yield exactly the gradient of the global batch's mean loss.
 
 from __future__ import annotations
 
+import os
 import platform
+import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from axoplan.executor.comm import Comm
 from axoplan.executor.groups import Groups, build_groups
 from axoplan.executor.linear4d import Runtime
 from axoplan.executor.model import GPT4D
+from axoplan.executor.optim import Optimizer
 from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.reference import full_state, local_state, to_local
 from axoplan.executor.spec import ExecSettings, padded_vocab
@@ -103,6 +106,7 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     losses, times, phases, grads = [], [], [], None
     for it in range(settings.warmup + settings.iterations):
         last = it == settings.warmup + settings.iterations - 1
+        _drill(settings.fault_at(groups.rank, it))
         timer.reset()
         t0 = time.perf_counter()
         loss, snapshot = _step(model, rt, batches, optimizer, scale, collect_grads and last)
@@ -117,6 +121,18 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     iter_s, phase_s = _reduce_timings(rt.comm, times, phases, device)
     return RankResult(groups.rank, losses, iter_s, phase_s, grads, device_name(device),
                       torch.distributed.get_backend(), str(dtype).removeprefix("torch."))
+
+
+def _drill(kind: str | None) -> None:
+    """Fail on purpose (ExecSettings.fault)."""
+    if kind == "raise":
+        raise RuntimeError("injected fault (--fault drill)")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(1e6)
 
 
 def _runtime(plan: LaunchConfig, groups: Groups, timer: PhaseTimer) -> Runtime:
@@ -135,17 +151,15 @@ def _initial_params(plan: LaunchConfig, settings: ExecSettings, groups: Groups, 
     return {name: to_local(name, t, lay, coords) for name, t in full.items()}
 
 
-def _optimizer(model: GPT4D, settings: ExecSettings) -> torch.optim.Optimizer:
-    if settings.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=settings.lr)
-    return torch.optim.Adam(model.parameters(), lr=settings.lr)
+def _optimizer(model: GPT4D, settings: ExecSettings) -> Optimizer:
+    return Optimizer(model.parameters(), settings.optimizer, settings.lr)
 
 
 def _step(model: GPT4D, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Tensor]],
-          optimizer: torch.optim.Optimizer, scale: float,
+          optimizer: Optimizer, scale: float,
           snapshot: bool) -> tuple[float, dict[str, np.ndarray] | None]:
     rt.gatherer.start_iteration()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     total = torch.zeros((), dtype=torch.float32, device=batches[0][0].device)
     for ids, targets in batches:
         rt.phase = "forward"

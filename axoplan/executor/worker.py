@@ -17,20 +17,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from axoplan.executor.launch import describe_exception, resolve_task
+from axoplan.executor.launch import DistEnv, describe_exception, resolve_task
 from axoplan.executor.record import build_record
 from axoplan.executor.spec import ExecSettings
 from axoplan.executor.train import run_rank
 from axoplan.plan import LaunchConfig
 
-__all__ = ["serve", "init_group", "run_plan_task", "train_task", "fault_task"]
+__all__ = ["serve", "init_group", "run_plan_task", "run_in_process", "train_task"]
 
 
-def init_group(rank: int, world_size: int, timeout_s: float, device: str, init_method: str | None = None) -> None:
+def init_group(rank: int, world_size: int, timeout_s: float, device: str, init_method: str | None = None,
+               local_rank: int | None = None) -> None:
     """Join the default process group (NCCL on CUDA, else gloo) with a timeout on every collective."""
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_cuda:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device((rank if local_rank is None else local_rank) % torch.cuda.device_count())
     else:
         torch.set_num_threads(1)  # N ranks share the cores; avoids the fork/OpenMP hang too
     dist.init_process_group("nccl" if use_cuda else "gloo", init_method=init_method, rank=rank,
@@ -72,20 +73,20 @@ def run_plan_task(plan_json: str, settings_json: str) -> str | None:
     return build_record(plan, settings, result, torch.__version__, nodes=1).model_dump_json()
 
 
+def run_in_process(plan_json: str, settings_json: str, env: DistEnv) -> str | None:
+    """Run the plan as one rank of a torchrun / srun job; rank 0 returns the record as JSON."""
+    plan = LaunchConfig.from_json(plan_json)
+    settings = ExecSettings.model_validate_json(settings_json)
+    init_group(env.rank, env.world_size, settings.timeout_s, settings.device, "env://", env.local_rank)
+    result = run_rank(plan, settings, local_rank=env.local_rank)
+    record = build_record(plan, settings, result, torch.__version__, nodes=env.nodes) if env.rank == 0 else None
+    dist.destroy_process_group()
+    return record.model_dump_json() if record is not None else None
+
+
 def train_task(plan_json: str, settings_json: str) -> tuple[list[float], dict[str, Any], dict[str, int]]:
     """Run the plan and return the losses, this rank's last gradients and its coordinates (tests)."""
     plan = LaunchConfig.from_json(plan_json)
     settings = ExecSettings.model_validate_json(settings_json)
     result = run_rank(plan, settings, local_rank=dist.get_rank(), collect_grads=True)
     return result.losses, result.grads or {}, plan.layout.to_layout().coords(result.rank)
-
-
-def fault_task(plan_json: str, settings_json: str, bad_rank: int, kind: str) -> str | None:
-    """Run the plan with one rank failing on purpose: 'raise', 'exit' or 'kill' (fault tests)."""
-    if dist.get_rank() == bad_rank:
-        if kind == "raise":
-            raise RuntimeError("injected fault")
-        if kind == "kill":
-            os.kill(os.getpid(), 9)
-        os._exit(3)
-    return run_plan_task(plan_json, settings_json)
