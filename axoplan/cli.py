@@ -272,6 +272,9 @@ def models() -> None:
 from axoplan.commands.export import export as _export  # noqa: E402
 
 app.command("export")(user_errors(_export))
+from axoplan.commands.run import run as _run  # noqa: E402
+
+app.command("run")(user_errors(_run))
 
 
 def main() -> None:
