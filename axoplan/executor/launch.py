@@ -103,6 +103,7 @@ def describe_exception(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     if "]" in first and first.startswith("["):
         first = first.split("]", 1)[1].strip()  # drop gloo's "[/path/to/file.cc:123]"
+    first = first.split(" This is typically caused", 1)[0]  # gloo's advice after a lost peer
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return text[:400]
 
@@ -192,16 +193,25 @@ class LocalCluster:
         return {r: f"died ({_exit_text(p.exitcode)})" for r, p in enumerate(self._procs) if p.exitcode is not None}
 
     def _fail(self, first: dict[int, str]) -> None:
-        """Collect the other ranks' reports briefly, stop every rank, raise for the root cause."""
+        """Collect the other ranks' reports, stop every rank, raise for the root cause.
+
+        Reports are collected for a second; while every report so far only says "lost a
+        peer" or "timed out" and more than one rank is silent, for up to one more timeout,
+        so that the one rank left silent is the one that hung.
+        """
         reports = dict(first)
-        deadline = time.monotonic() + _GRACE_S
-        while time.monotonic() < deadline and len(reports) < self.world_size:
+        start = time.monotonic()
+        while len(reports) < self.world_size:
+            patient = all(map(_is_collateral, reports.values())) and self.world_size - len(reports) > 1
+            if time.monotonic() - start > (self.timeout_s + _GRACE_S if patient else _GRACE_S):
+                break
             try:
                 rank, status, payload = self._results.get(timeout=0.05)
                 if status != "ok":
                     reports.setdefault(rank, payload)
             except queue.Empty:
-                pass
+                for rank, cause in self._dead().items():
+                    reports.setdefault(rank, cause)
         for rank, cause in self._dead().items():
             if "signal" in cause or rank not in reports:
                 reports[rank] = cause
@@ -210,7 +220,8 @@ class LocalCluster:
         rank = _root_cause(reports, first)
         if _is_collateral(reports[rank]) and silent:
             rank = silent[0]
-            reports[rank] = f"did not respond (its peers timed out or lost it: {reports[min(reports)]})"
+            timed_out = [c for c in reports.values() if "imed out" in c] or list(first.values())
+            reports[rank] = f"did not respond (its peers timed out or lost it: {timed_out[0]})"
         cause = reports.pop(rank)
         verb = "" if cause.startswith(("died", "did not")) else "failed: "
         raise RankFailure(rank, verb + cause, reports)

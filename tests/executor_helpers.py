@@ -1,0 +1,92 @@
+"""Shared by the executor tests: tiny plans, the single-process reference run, and rank tasks.
+
+Functions named ``*_task`` run on the ranks of a `LocalCluster` (by name,
+``tests.executor_helpers:NAME``); the rest run in the pytest process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from axoplan.executor.spec import ExecSettings
+from axoplan.layout import Layout
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+from axoplan.plan import LaunchConfig
+
+TINY = {"name": "tiny", "num_layers": 2, "hidden": 32, "num_heads": 4, "vocab": 61, "max_positions": 16}
+
+
+def tiny_plan(layout: Layout, *, micro_batch: int = 1, accum: int = 1, recompute: bool = False, cache: bool = False,
+              oar: bool = False, ors: bool = False, oag: bool = False, fwd: bool = False, seq_len: int = 8,
+              **model: Any) -> LaunchConfig:
+    """A plan of a 2-layer, width-32 GPT for `layout` (the vocabulary 61 gets padded)."""
+    spec = ModelSpec(**{**TINY, **model})
+    batch = layout.gdata * layout.gz * micro_batch * accum
+    options = RunOptions(global_batch=batch, seq_len=seq_len, micro_batches=(micro_batch,), overlap_all_reduce=oar,
+                         overlap_reduce_scatter=ors, overlap_all_gather=oag, overlap_forward_all_reduce=fwd)
+    return LaunchConfig.build(machine="local-cpu", devices_per_node=8, model=spec, options=options, layout=layout,
+                              micro_batch=micro_batch, recompute=recompute, cache_weights=cache)
+
+
+def check_settings(optimizer: str = "sgd") -> ExecSettings:
+    """Two iterations (the second replays the recorded all-gather order), exact init, float32."""
+    return ExecSettings(iterations=1, warmup=1, init="full", optimizer=optimizer, lr=0.05, timeout_s=30,
+                        device="cpu", dtype="float32")
+
+
+def reference_run(plan: LaunchConfig, settings: ExecSettings) -> tuple[list[float], dict[str, np.ndarray]]:
+    """The same model and steps in this process: the losses, and the last iteration's gradients."""
+    import torch
+
+    from axoplan.executor.optim import Optimizer
+    from axoplan.executor.reference import ReferenceGPT, full_state
+    from axoplan.executor.train import plan_vocab, synthetic_tokens
+
+    vocab = plan_vocab(plan)
+    model = ReferenceGPT(plan.model, vocab)
+    model.load_state_dict(full_state(plan.model, vocab, settings.seed))
+    opt = Optimizer(model.parameters(), settings.optimizer, settings.lr)
+    tokens = synthetic_tokens(plan, settings.seed)
+    losses, grads = [], {}
+    for _ in range(settings.warmup + settings.iterations):
+        opt.zero_grad()
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+    with torch.no_grad():
+        return losses, {n: g.numpy() for n, g in grads.items()}
+
+
+def worst_gradient_error(plan: LaunchConfig, results: list[Any], ref_grads: dict[str, np.ndarray]) -> float:
+    """Largest |rank gradient - its slice of the reference gradient| over all ranks and parameters.
+
+    Fails if any rank misses a parameter of the reference model or has an extra one.
+    """
+    import torch
+
+    from axoplan.executor.reference import to_local
+
+    layout = plan.layout.to_layout()
+    worst = 0.0
+    for _, grads, coords in results:
+        assert set(grads) == set(ref_grads), f"rank {coords}: {set(grads) ^ set(ref_grads)}"
+        for name, got in grads.items():
+            want = to_local(name, torch.from_numpy(ref_grads[name]), layout, coords).numpy()
+            assert got.shape == want.shape, name
+            worst = max(worst, float(np.abs(got - want).max()))
+    return worst
+
+
+def group_ranks_task(gx: int, gy: int, gz: int, gdata: int) -> dict[str, list[int]]:
+    """This rank's DeviceMesh group members along each axis."""
+    import torch.distributed as dist
+
+    from axoplan.executor.groups import build_groups
+
+    groups = build_groups(Layout(gx, gy, gz, gdata), "cpu", 30.0)
+    return {axis: dist.get_process_group_ranks(groups.group[axis]) for axis in ("x", "y", "z", "data")}

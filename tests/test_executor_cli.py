@@ -1,0 +1,43 @@
+"""`axoplan run` end to end through the real entry points, with 4 local CPU ranks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from axoplan.executor.spec import Scale, scale_plan
+from axoplan.layout import Layout
+from axoplan.runs import read_runs
+from tests.conftest import REPO, run_cli
+from tests.executor_helpers import tiny_plan
+
+pytestmark = pytest.mark.distributed
+
+
+def test_run_appends_one_record_of_the_scaled_plan(tmp_path: Path) -> None:
+    plan = tiny_plan(Layout(2, 1, 2, 1), oar=True, ors=True, oag=True, recompute=True)
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    done = run_cli("run", str(tmp_path / "plan.json"), "--local", "4", "--iterations", "2", "--warmup", "1",
+                   "--layers", "1", "--timeout", "30")
+    assert done.returncode == 0, done.stderr
+    assert "s/iteration" in done.stdout and "all_gather_z" in done.stdout
+    [record] = list(read_runs(tmp_path / "runs.jsonl"))
+    as_run = scale_plan(plan, Scale(layers=1))
+    assert record.plan == as_run and record.plan_id == as_run.plan_id != plan.plan_id
+    assert record.plan.model.num_layers == 1 and record.plan.layout == plan.layout
+    assert (record.world_size, record.nodes, record.iterations, record.backend) == (4, 1, 2, "gloo")
+    assert record.t_step_s > 0 and record.phase_s["gemm"] > 0 and record.phase_s["all_reduce_x"] > 0
+
+
+def test_a_dead_rank_ends_the_run_with_its_name_and_no_record(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(tiny_plan(Layout(1, 2, 1, 2)).to_json())
+    done = subprocess.run([sys.executable, "-m", "axoplan", "run", str(tmp_path / "plan.json"), "--local", "4",
+                           "--iterations", "2", "--fault", "1:kill@1", "--timeout", "20"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 1
+    assert "rank 1 died (killed by signal SIGKILL)" in done.stderr and "no record written" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs.jsonl").exists()

@@ -1,0 +1,139 @@
+"""The executor on 4 and 8 CPU ranks (gloo) against the same model in one process.
+
+For each layout and option set, the loss of both iterations and EVERY gradient of the
+last one (4D shards, LayerNorms, biases, positions, embeddings) must equal the
+single-process reference within float32 tolerance. One cluster per world size serves
+the whole module (forkserver with torch preloaded; one process group per rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from axoplan.executor.launch import LocalCluster, RankFailure
+from axoplan.executor.spec import ExecSettings
+from axoplan.layout import Layout
+from axoplan.plan import LaunchConfig
+from axoplan.runs import MeasuredRun
+from tests.executor_helpers import check_settings, reference_run, tiny_plan, worst_gradient_error
+
+pytestmark = pytest.mark.distributed
+
+TRAIN = "axoplan.executor.worker:train_task"
+GRAD_ATOL = 2e-6  # float32; the sums run in other orders on the ranks (seen: <= 1.2e-7)
+
+
+@pytest.fixture(scope="module")
+def four() -> Iterator[LocalCluster]:
+    with LocalCluster(4, timeout_s=30) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def eight() -> Iterator[LocalCluster]:
+    with LocalCluster(8, timeout_s=30) as cluster:
+        yield cluster
+
+
+def _check(cluster: LocalCluster, plan: LaunchConfig, settings: ExecSettings | None = None) -> None:
+    settings = settings or check_settings()
+    results = cluster.run(TRAIN, plan.to_json(), settings.model_dump_json())
+    ref_losses, ref_grads = reference_run(plan, settings)
+    for losses, _, _ in results:
+        np.testing.assert_allclose(losses, ref_losses, rtol=2e-6)
+    assert ref_losses[1] < ref_losses[0]  # the step was applied the same way on every shard
+    assert worst_gradient_error(plan, results, ref_grads) < GRAD_ATOL
+
+
+CASES_4 = {
+    "x2y2-plain-no-overlap": tiny_plan(Layout(2, 2, 1, 1)),
+    "z2d2-all-overlaps-recompute-accum": tiny_plan(Layout(1, 1, 2, 2), oar=True, ors=True, oag=True,
+                                                   recompute=True, accum=2),
+    "x2z2-cache-recompute-oag-fwd-overlap": tiny_plan(Layout(2, 1, 2, 1), cache=True, recompute=True, oag=True,
+                                                      fwd=True, micro_batch=2),
+    "y2z2-swiglu-gqa-untied-no-bias": tiny_plan(Layout(1, 2, 2, 1), ors=True, oar=True, ffn_kind="swiglu",
+                                                num_kv_heads=2, tied_embeddings=False, biases=False,
+                                                max_positions=0, ffn_hidden=48),
+    "x4-fwd-overlap-d": tiny_plan(Layout(4, 1, 1, 1), fwd=True, oar=True, micro_batch=2),
+    "y4-ors-with-y": tiny_plan(Layout(1, 4, 1, 1), ors=True),
+    "d4-data-only": tiny_plan(Layout(1, 1, 1, 4), accum=2),
+}
+
+
+@pytest.mark.parametrize("case", CASES_4)
+def test_four_ranks_match_single_process(four: LocalCluster, case: str) -> None:
+    _check(four, CASES_4[case])
+
+
+def test_adam_on_shards_matches_adam_on_full_tensors(four: LocalCluster) -> None:
+    plan = tiny_plan(Layout(1, 2, 2, 1), oag=True, ors=True)
+    settings = check_settings("adam").model_copy(update={"iterations": 2})
+    _check(four, plan, settings)
+
+
+CASES_8 = {
+    "x2y2z2-everything-on": tiny_plan(Layout(2, 2, 2, 1), oar=True, ors=True, oag=True, fwd=True, recompute=True,
+                                      cache=True),
+    "x2y2z2-everything-off": tiny_plan(Layout(2, 2, 2, 1)),
+    "x2z2d2-recompute-oag-accum": tiny_plan(Layout(2, 1, 2, 2), recompute=True, oag=True, ors=True, accum=2),
+    "y2z2d2-cache-mb2": tiny_plan(Layout(1, 2, 2, 2), cache=True, oag=True, micro_batch=2, seq_len=4),
+}
+
+
+@pytest.mark.parametrize("case", CASES_8)
+def test_eight_ranks_match_single_process(eight: LocalCluster, case: str) -> None:
+    _check(eight, CASES_8[case])
+
+
+@pytest.mark.parametrize("sizes", [(2, 2, 2, 1), (1, 2, 1, 4), (2, 1, 2, 2), (8, 1, 1, 1)])
+def test_device_mesh_groups_are_the_planners(eight: LocalCluster, sizes: tuple[int, int, int, int]) -> None:
+    layout = Layout(*sizes)
+    got = eight.run("tests.executor_helpers:group_ranks_task", *sizes)
+    for rank, groups in enumerate(got):
+        coords = layout.coords(rank)
+        for axis, members in groups.items():
+            rows = [list(map(int, row)) for row in layout.groups(axis)]
+            assert members in rows and rank in members
+            assert all(layout.coords(m)[a] == coords[a] for m in members for a in coords if a != axis)
+
+
+def test_record_of_a_run(four: LocalCluster) -> None:
+    plan = tiny_plan(Layout(1, 2, 2, 1), oar=True, ors=True, oag=True, recompute=True)
+    settings = ExecSettings(iterations=3, warmup=1, timeout_s=30, device="cpu")
+    out = four.run("axoplan.executor.worker:run_plan_task", plan.to_json(), settings.model_dump_json())
+    assert out[1:] == [None, None, None]
+    record = MeasuredRun.model_validate_json(out[0])
+    assert record.plan == plan and record.plan_id == plan.plan_id
+    assert (record.world_size, record.nodes, record.iterations, record.warmup) == (4, 1, 3, 1)
+    assert record.backend == "gloo" and record.torch_version.startswith("2.")
+    for phase in ("gemm", "all_gather_z", "reduce_scatter_z", "all_reduce_y", "all_reduce_world", "other"):
+        assert record.phase_s[phase] > 0, phase
+    assert "all_reduce_x" not in record.phase_s  # Gx = 1: no X collective ran
+    assert sum(record.phase_s.values()) == pytest.approx(record.t_step_s, rel=1e-6) or \
+        record.phase_s["other"] == 0.0
+
+
+@pytest.mark.parametrize(("kind", "cause"), [("raise", "failed: RuntimeError: injected fault"),
+                                             ("kill", "died (killed by signal SIGKILL)"),
+                                             ("exit", "died (exit code 3)")])
+def test_a_failing_rank_stops_every_rank(kind: str, cause: str) -> None:
+    plan = tiny_plan(Layout(2, 1, 2, 1))
+    settings = ExecSettings(iterations=2, warmup=1, timeout_s=20, device="cpu", fault=f"2:{kind}@1")
+    with LocalCluster(4, timeout_s=20) as cluster, pytest.raises(RankFailure) as failure:
+        cluster.run("axoplan.executor.worker:run_plan_task", plan.to_json(), settings.model_dump_json())
+    assert failure.value.rank == 2
+    assert failure.value.cause.startswith(cause)
+    assert str(failure.value).startswith(f"rank 2 {cause}")
+    assert all(not p.is_alive() for p in cluster._procs) and cluster.broken
+
+
+def test_a_hung_rank_is_named_after_the_collective_timeout() -> None:
+    plan = tiny_plan(Layout(1, 1, 2, 2))
+    settings = ExecSettings(iterations=2, warmup=0, timeout_s=3, device="cpu", fault="3:hang@1")
+    with LocalCluster(4, timeout_s=3) as cluster, pytest.raises(RankFailure) as failure:
+        cluster.run("axoplan.executor.worker:run_plan_task", plan.to_json(), settings.model_dump_json())
+    assert failure.value.rank == 3
+    assert "did not respond" in failure.value.cause and "Timed out" in failure.value.cause
