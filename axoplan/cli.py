@@ -275,6 +275,15 @@ app.command("export")(user_errors(_export))
 from axoplan.commands.run import run as _run  # noqa: E402
 
 app.command("run")(user_errors(_run))
+from axoplan.commands.validate import validate as _validate  # noqa: E402
+
+app.command("validate")(user_errors(_validate))
+from axoplan.commands.calibrate import calibrate as _calibrate  # noqa: E402
+
+app.command("calibrate")(user_errors(_calibrate))
+from axoplan.commands.plot import register as _register_plot  # noqa: E402
+
+_register_plot(app, user_errors)
 
 
 def main() -> None:

@@ -1,0 +1,84 @@
+"""`axoplan calibrate`: fit a machine's efficiencies and latencies to measured runs.
+
+    axoplan calibrate runs.jsonl --machine local-cpu -o local-cpu-calibrated.yaml
+    axoplan calibrate data/measured/vtrain_a100_single_node_pp1.csv --machine dgx-a100 \\
+        -o dgx-a100-calibrated.yaml --holdout 0.3 --seed 0
+
+Only typer and the standard library are imported here; the work is imported when the
+command runs, so `axoplan --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from axoplan.commands.validate import RunsArg
+
+__all__ = ["calibrate"]
+
+
+def calibrate(
+    runs: RunsArg,
+    machine: Annotated[str, typer.Option("--machine", help="Machine to calibrate (name or YAML); every run must "
+                                         "have been recorded on it.", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Calibrated machine YAML to write.",
+                                         show_default=False)],
+    holdout: Annotated[float, typer.Option("--holdout", help="Fraction of the plans kept out of the fit to "
+                                           "measure how it generalises (0 fits on all).")] = 0.3,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random training/held-out split.")] = 0,
+    params: Annotated[str | None, typer.Option(
+        "--params", help="Comma-separated parameters to fit (default: every one the runs constrain), e.g. "
+                         "gemm.max_efficiency,intra_node.latency_us.", show_default=False)] = None,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Top-k used in the reported metrics.")] = 3,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
+) -> None:
+    """Fit a machine's efficiencies and latencies to measured runs; write a calibrated YAML.
+
+    Least squares over GEMM, attention and memory efficiency and collective bandwidth
+    efficiency and latency (those the runs constrain). The plans are split by --seed
+    into a fitted part and a held-out part (--holdout); the error before and after the
+    fit is printed for both. The YAML keeps the original's comments, marks the fitted
+    lines and records the fit in a header.
+    """
+    from datetime import UTC, datetime
+
+    from axoplan.errors import AxoplanError
+    from axoplan.fileio import check_writable, write_text_atomic
+    from axoplan.machine import load_machine, machines_dir
+    from axoplan.validate.calibrate import calibrate as fit
+    from axoplan.validate.records import check_machine, load_runs
+    from axoplan.validate.report import calibration_header, format_calibration
+    from axoplan.validate.yamledit import machine_yaml
+
+    if output.suffix not in {".yaml", ".yml"}:
+        raise AxoplanError(f"-o {output} must end in .yaml or .yml")
+    check_writable(output, force)
+    measured = load_runs(runs)
+    mach = load_machine(machine)
+    check_machine(measured, mach, machine)
+    names = [p.strip() for p in params.split(",") if p.strip()] if params else None
+    result = fit(measured, mach, names, holdout, seed, top_k)
+    source = _yaml_path(machine)
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    shipped = source.resolve().parent == machines_dir().resolve()
+    header = calibration_header(result, [str(p) for p in runs], f"machines/{source.name}" if shipped else str(source),
+                                when)
+    values = {f.path: f.after for f in result.fitted}
+    text = machine_yaml(source.read_text(), result.calibrated, values, header, f"calibrated {when[:10]}")
+    write_text_atomic(output, text, force=force)
+    if load_machine(output) != result.calibrated:
+        raise AxoplanError(f"{output} does not read back as the calibrated machine; please report this")
+    typer.echo(format_calibration(result))
+    typer.echo(f"\nwrote {output}; use it with --machine {output}")
+
+
+def _yaml_path(machine: str) -> Path:
+    from axoplan.machine import machines_dir
+
+    path = Path(machine)
+    if path.suffix in {".yaml", ".yml"} or path.exists():
+        return path
+    return machines_dir() / f"{machine}.yaml"

@@ -1,0 +1,200 @@
+"""Fit a machine's efficiency and latency parameters to measured runs (least squares).
+
+The residual of plan *i* is ``log(predicted_i / measured_i)``: a relative error, so a
+1-second and a 100-second layout weigh the same, and over- and under-prediction by the
+same factor cost the same. ``scipy.optimize.least_squares`` (trust-region reflective)
+minimises the sum of squares over the parameters' logarithms, inside the bounds of
+:data:`PARAMETERS`. Only parameters the training runs are sensitive to are fitted (a
+single-node data set says nothing about the network), and the fit starts from the
+machine's current values. One-sigma uncertainties come from the Jacobian at the optimum,
+``cov = s²·(JᵀJ)⁺`` with ``s² = Σr²/(m − n)``; in log space they are relative errors.
+
+Plans (not runs: repetitions stay together) are split at random, by ``seed``, into a
+training part and a held-out part; the error before and after the fit is reported on
+both, so a fit that memorises instead of generalising shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from axoplan.errors import AxoplanError, closest_hint
+from axoplan.machine import Machine
+from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
+from axoplan.validate.records import Measured
+from axoplan.validate.yamledit import format_value
+
+__all__ = ["Parameter", "PARAMETERS", "FittedParameter", "Calibration", "calibrate", "split_holdout",
+           "parameter_value", "with_values", "select_parameters"]
+
+_SENSITIVITY_STEP = 0.05  # relative change of a parameter when testing whether the runs see it
+_MIN_SENSITIVITY = 1e-4  # smallest log-change of any prediction that counts as "seen"
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One fittable machine parameter: its dotted path in the YAML and its bounds."""
+
+    path: str
+    low: float
+    high: float
+    meaning: str
+
+
+PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("gemm.max_efficiency", 0.02, 1.0, "fraction of peak reached by large GEMMs"),
+    Parameter("gemm.half_efficiency_dim", 1.0, 16384.0, "GEMM dimension at which efficiency halves"),
+    Parameter("attention_efficiency", 0.005, 1.0, "fraction of peak in attention"),
+    Parameter("memory_efficiency", 0.01, 1.0, "fraction of HBM bandwidth in element-wise work"),
+    Parameter("intra_node.efficiency", 0.005, 1.0, "fraction of link bandwidth in collectives inside a node"),
+    Parameter("intra_node.latency_us", 0.01, 1e5, "collective step latency inside a node, µs"),
+    Parameter("inter_node.efficiency", 0.005, 1.0, "fraction of injection bandwidth across nodes"),
+    Parameter("inter_node.latency_us", 0.01, 1e5, "collective step latency across nodes, µs"),
+)
+"""What `calibrate` may fit; each bound keeps the machine schema valid."""
+
+
+@dataclass(frozen=True, slots=True)
+class FittedParameter:
+    path: str
+    before: float
+    after: float
+    rel_sigma: float  # one-sigma relative uncertainty (nan when not estimable)
+    at_bound: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The fitted machine, what was fitted, and the error before and after on both parts."""
+
+    original: Machine
+    calibrated: Machine
+    fitted: tuple[FittedParameter, ...]
+    unused: tuple[str, ...]  # parameters the training runs do not constrain
+    train_before: Summary
+    train_after: Summary
+    holdout_before: Summary | None
+    holdout_after: Summary | None
+    holdout_fraction: float
+    seed: int
+
+
+def parameter_value(machine: Machine, path: str) -> float:
+    """Current value of a dotted parameter path."""
+    value: Any = machine
+    for part in path.split("."):
+        value = getattr(value, part)
+    return float(value)
+
+
+def with_values(machine: Machine, values: dict[str, float]) -> Machine:
+    """A copy of `machine` with the dotted parameters replaced (validated like a YAML)."""
+    data = machine.model_dump()
+    for path, value in values.items():
+        *parents, leaf = path.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        node[leaf] = float(value)
+    return Machine.model_validate(data)
+
+
+def _by_path(names: Sequence[str] | None) -> list[Parameter]:
+    known = {p.path: p for p in PARAMETERS}
+    if names is None:
+        return list(PARAMETERS)
+    chosen = []
+    for name in names:
+        if name not in known:
+            raise AxoplanError(f"unknown parameter {name!r}{closest_hint(name, known)}; fittable: "
+                               f"{', '.join(known)}")
+        chosen.append(known[name])
+    return chosen
+
+
+def split_holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, held-out) indices of `n` plans; a seeded permutation, so reproducible."""
+    if not 0.0 <= fraction < 1.0:
+        raise AxoplanError(f"--holdout {fraction} must be at least 0 and below 1 (a fraction of the plans)")
+    n_hold = int(round(fraction * n))
+    if n - n_hold < 1:
+        raise AxoplanError(f"holding out {fraction:.0%} of {n} plans leaves none to fit; lower --holdout")
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[n_hold:]), np.sort(perm[:n_hold])
+
+
+def select_parameters(predictor: Predictor, machine: Machine, params: Sequence[Parameter]) -> list[Parameter]:
+    """The parameters whose change moves at least one prediction (the identifiable ones)."""
+    base = np.log(predictor.step_s(machine))
+    seen = []
+    for p in params:
+        value = parameter_value(machine, p.path)
+        bumped = value * (1 + _SENSITIVITY_STEP)
+        if bumped > p.high:
+            bumped = value / (1 + _SENSITIVITY_STEP)
+        moved = np.log(predictor.step_s(with_values(machine, {p.path: bumped}))) - base
+        if np.abs(moved).max() > _MIN_SENSITIVITY:
+            seen.append(p)
+    return seen
+
+
+def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine,
+         params: Sequence[Parameter]) -> tuple[dict[str, float], list[float], list[bool]]:
+    low = np.log([p.low for p in params])
+    high = np.log([p.high for p in params])
+    start = np.log([parameter_value(machine, p.path) for p in params])
+    start = np.clip(start, low + 1e-9, high - 1e-9)
+    names = [p.path for p in params]
+
+    def values(z: np.ndarray) -> dict[str, float]:
+        clipped = np.clip(np.exp(z), [p.low for p in params], [p.high for p in params])
+        return {n: float(v) for n, v in zip(names, clipped, strict=True)}
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        return np.log(predictor.step_s(with_values(machine, values(z))) / measured)
+
+    result = least_squares(residuals, start, bounds=(low, high), method="trf", diff_step=1e-3,
+                           max_nfev=60 * len(params))
+    sigma = _relative_sigma(result.jac, result.fun)
+    at_bound = [bool(abs(z - lo) < 1e-6 or abs(z - hi) < 1e-6) for z, lo, hi in zip(result.x, low, high, strict=True)]
+    return values(result.x), sigma, at_bound
+
+
+def _relative_sigma(jac: np.ndarray, residuals: np.ndarray) -> list[float]:
+    """One-sigma uncertainty of each log-parameter from the Jacobian (nan if not estimable)."""
+    m, n = jac.shape
+    if m <= n:
+        return [float("nan")] * n
+    s2 = float(residuals @ residuals) / (m - n)
+    cov = s2 * np.linalg.pinv(jac.T @ jac)
+    return [float(np.sqrt(v)) if v > 0 else float("nan") for v in np.diag(cov)]
+
+
+def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[str] | None = None,
+              holdout: float = 0.3, seed: int = 0, top_k: int = 3) -> Calibration:
+    """Fit `machine` to the training part of `runs`; report before/after on both parts."""
+    plans = aggregate(runs)
+    train, hold = split_holdout(len(plans), holdout, seed)
+    fit_plans: list[PlanRuns] = [plans[i] for i in train]
+    predictor = Predictor([p.plan for p in fit_plans])
+    measured = np.array([p.measured_s for p in fit_plans])
+    chosen = select_parameters(predictor, machine, _by_path(parameters))
+    if not chosen:
+        raise AxoplanError("the training runs are not sensitive to any fittable parameter; give runs that "
+                           "vary the layout, micro-batch or model")
+    fitted_values, sigma, at_bound = _fit(predictor, measured, machine, chosen)
+    values = {k: float(format_value(v)) for k, v in fitted_values.items()}  # as the YAML will hold them
+    calibrated = with_values(machine, values)
+    fitted = tuple(FittedParameter(p.path, parameter_value(machine, p.path), values[p.path], s, b)
+                   for p, s, b in zip(chosen, sigma, at_bound, strict=True))
+    unused = tuple(p.path for p in _by_path(parameters) if p not in chosen)
+    all_plans = Predictor([p.plan for p in plans])
+    before, after = plan_table(plans, all_plans(machine)), plan_table(plans, all_plans(calibrated))
+    held = (summarize(before.iloc[hold], top_k), summarize(after.iloc[hold], top_k)) if len(hold) else (None, None)
+    return Calibration(machine, calibrated, fitted, unused, summarize(before.iloc[train], top_k),
+                       summarize(after.iloc[train], top_k), *held, holdout, seed)

@@ -1,0 +1,198 @@
+"""Figures: predicted against measured, per-layout breakdowns, and predicted scaling.
+
+Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no
+global state, no window); :func:`save_figure` writes PNG, SVG or PDF by the file's
+extension. Measured phases (the executor's ``phase_s``: ``gemm``, ``attention``,
+``optimizer``, ``all_reduce_y``, ``all_gather_z``, ...) are mapped onto the predicted
+parts (:data:`PARTS`); time the phases do not cover is drawn as "other".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from axoplan.errors import AxoplanError
+from axoplan.fileio import check_writable
+from axoplan.machine import Machine
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+from axoplan.ranking import Ranking, rank
+from axoplan.validate.compare import PREDICTED_PARTS
+
+__all__ = ["PARTS", "predicted_vs_measured", "breakdown", "top_layouts", "scaling_points", "scaling",
+           "measured_parts", "save_figure", "FIGURE_SUFFIXES"]
+
+PARTS: tuple[str, ...] = (*PREDICTED_PARTS, "other")
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+_COLORS = dict(zip(PARTS, ("#4c72b0", "#8172b3", "#937860", "#dd8452", "#55a868", "#c44e52", "#da8bc3",
+                           "#8c8c8c", "#cccccc"), strict=True))
+_NONGEMM = {"attention", "elementwise", "nongemm", "non_gemm", "softmax", "norm", "logits", "loss"}
+_AXES = ("x", "y", "z", "data", "world")
+
+
+def measured_parts(phase_s: dict[str, float], total_s: float) -> dict[str, float]:
+    """Measured phases summed into the predicted parts; what they leave of the total is 'other'."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    for key, seconds in phase_s.items():
+        axis = key.rsplit("_", 1)[-1]
+        if key == "gemm":
+            parts["gemm"] += seconds
+        elif key in _NONGEMM:
+            parts["non-GEMM"] += seconds
+        elif key == "optimizer":
+            parts["optimizer"] += seconds
+        elif axis in _AXES and any(op in key for op in ("all_reduce", "all_gather", "reduce_scatter")):
+            parts[f"comm {axis}"] += seconds
+        else:
+            parts["other"] += seconds
+    parts["other"] += max(total_s - sum(parts.values()), 0.0)
+    return parts
+
+
+def _phases(row: pd.Series) -> dict[str, float]:
+    return {str(k)[len("phase_"):-2]: float(v) for k, v in row.items()
+            if str(k).startswith("phase_") and isinstance(v, int | float) and not math.isnan(v)}
+
+
+def predicted_vs_measured(table: pd.DataFrame, title: str = "") -> Figure:
+    """Log-log scatter of predicted against measured seconds per iteration, with y = x and ±20 %."""
+    fig = Figure(figsize=(6.0, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    meas, pred = table["measured_s"].to_numpy(), table["predicted_s"].to_numpy()
+    lo, hi = min(meas.min(), pred.min()) / 1.3, max(meas.max(), pred.max()) * 1.3
+    line = np.array([lo, hi])
+    ax.fill_between(line, line / 1.2, line * 1.2, color="#dddddd", label="±20 %", zorder=0)
+    ax.plot(line, line, color="black", lw=1, label="y = x")
+    worlds = sorted(table["world_size"].unique())
+    for i, world in enumerate(worlds):
+        sel = table["world_size"] == world
+        color = colormaps["viridis"](0.1 + 0.8 * i / max(len(worlds) - 1, 1))
+        ax.scatter(table.loc[sel, "measured_s"], table.loc[sel, "predicted_s"], s=18, alpha=0.8, color=color,
+                   label=f"{world} GPUs", edgecolors="none")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured s / iteration",
+           ylabel="predicted s / iteration", title=title or "predicted vs measured")
+    err = np.abs(pred - meas) / meas * 100
+    ax.text(0.03, 0.97, f"MAPE {err.mean():.1f}%  ({len(table)} plans)", transform=ax.transAxes, va="top")
+    ax.legend(loc="lower right", fontsize="small")
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    return fig
+
+
+def breakdown(table: pd.DataFrame, max_plans: int = 12, title: str = "") -> Figure:
+    """Per plan, a predicted and a measured stacked bar of the step's parts.
+
+    The plans drawn are the `max_plans` fastest measured of the scenario with the most plans.
+    """
+    biggest = table["scenario"].value_counts().idxmax()
+    rows = table[table["scenario"] == biggest].sort_values("measured_s").head(max_plans)
+    fig = Figure(figsize=(max(6.0, 0.9 * len(rows) + 2.5), 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.38
+    x = np.arange(len(rows))
+    pred_base, meas_base = np.zeros(len(rows)), np.zeros(len(rows))
+    meas_parts = [measured_parts(_phases(r), float(r["measured_s"])) for _, r in rows.iterrows()]
+    for part in PARTS:
+        pred = rows[f"pred_{PREDICTED_PARTS[part]}"].to_numpy() if part in PREDICTED_PARTS else np.zeros(len(rows))
+        meas = np.array([m[part] for m in meas_parts])
+        if not (pred.any() or meas.any()):
+            continue
+        ax.bar(x - width / 2, pred, width, bottom=pred_base, color=_COLORS[part], label=part)
+        ax.bar(x + width / 2, meas, width, bottom=meas_base, color=_COLORS[part], hatch="//", edgecolor="white")
+        pred_base += pred
+        meas_base += meas
+    labels = [f"{r['layout']}\nmbs {r['micro_batch']}" for _, r in rows.iterrows()]
+    ax.set_xticks(x, labels, fontsize="small")
+    ax.set(ylabel="s / iteration", title=title or f"predicted (left) vs measured (right, hatched): "
+           f"{rows['model'].iloc[0]}, {rows['world_size'].iloc[0]} GPUs")
+    ax.legend(fontsize="small", ncols=3)
+    return fig
+
+
+def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
+    """Predicted breakdown of the `top` best feasible layouts of a ranking."""
+    feasible = [int(i) for i in ranking.order if ranking.reason[i] == 0][:top]
+    if not feasible:
+        raise AxoplanError(f"no feasible layout of {ranking.world_size} GPUs to draw")
+    fig = Figure(figsize=(max(6.0, 0.8 * len(feasible) + 2.5), 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(len(feasible))
+    base = np.zeros(len(feasible))
+    for part, column in PREDICTED_PARTS.items():
+        values = ranking.column(column)[feasible]
+        if values.any():
+            ax.bar(x, values, 0.6, bottom=base, color=_COLORS[part], label=part)
+            base += values
+    c = ranking.candidates
+    labels = [f"{c.layout(i)}\nmbs {c.micro_batch[i]}" for i in feasible]
+    ax.set_xticks(x, labels, fontsize="small")
+    ax.set(ylabel="predicted s / iteration",
+           title=f"top {len(feasible)} layouts: {ranking.model.name} on {ranking.world_size} GPUs of "
+                 f"{ranking.machine.name}")
+    ax.legend(fontsize="small", ncols=2)
+    return fig
+
+
+def scaling_points(machine: Machine, models: Sequence[ModelSpec], gpu_counts: Sequence[int],
+                   options: RunOptions) -> pd.DataFrame:
+    """Best feasible prediction per (model, GPU count); NaN where nothing fits."""
+    rows = []
+    for model in models:
+        for gpus in gpu_counts:
+            r = rank(model, machine, options, gpus)
+            best = int(r.order[0]) if r.num_feasible else None
+            rows.append({
+                "model": model.name, "gpus": gpus,
+                "t_step_s": float(r.column("t_step_s")[best]) if best is not None else math.nan,
+                "tflops_per_gpu": float(r.column("tflops_per_gpu")[best]) if best is not None else math.nan,
+                "layout": str(r.candidates.layout(best)) if best is not None else "",
+            })
+    return pd.DataFrame(rows)
+
+
+def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions) -> Figure:
+    """TFLOP/s per GPU and seconds per iteration against GPU count, one line per model."""
+    fig = Figure(figsize=(11.0, 4.5), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for model, sub in points.groupby("model", sort=False):
+        left.plot(sub["gpus"], sub["tflops_per_gpu"], marker="o", label=str(model))
+        right.plot(sub["gpus"], sub["t_step_s"], marker="o", label=str(model))
+    peak = machine.device.peak_bf16_tflops
+    left.axhline(peak, color="grey", lw=0.8, ls="--", label=f"peak {peak:g}")
+    left.set(xscale="log", xlabel="GPUs", ylabel="TFLOP/s per GPU (hardware flops)", ylim=(0, peak * 1.05))
+    right.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="s / iteration (best layout)")
+    for ax in (left, right):
+        ax.set_xticks(sorted(points["gpus"].unique()), [str(g) for g in sorted(points["gpus"].unique())],
+                      fontsize="small", rotation=45)
+        ax.grid(True, which="both", lw=0.3, alpha=0.5)
+        ax.legend(fontsize="small")
+    fig.suptitle(f"predicted scaling on {machine.name}: global batch {options.global_batch} x "
+                 f"{options.seq_len} tokens")
+    return fig
+
+
+def save_figure(fig: Figure, path: Path, force: bool = False) -> None:
+    """Write `fig` as PNG, SVG or PDF (by extension), atomically; refuse to overwrite without `force`."""
+    path = Path(path)
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise AxoplanError(f"{path}: a figure must end in {', '.join(FIGURE_SUFFIXES)}")
+    check_writable(path, force)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise AxoplanError(f"cannot write {path}: folder {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, metadata={"Date": None} if path.suffix.lower() == ".svg" else None)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

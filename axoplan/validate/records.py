@@ -1,0 +1,315 @@
+"""Measured runs from any source, as `validate` and `calibrate` read them.
+
+Three inputs are accepted (``docs/validate.md`` documents each):
+
+* the executor's measured-run records (``.jsonl``; :mod:`axoplan.runs`), which embed
+  the plan they ran;
+* axoplan's measured-run CSV (``.csv``) for runs timed with other tools: one row per
+  run with the machine, the model's shape, the run options, the layout and the measured
+  seconds per iteration (:data:`CSV_REQUIRED`, :data:`CSV_OPTIONAL`);
+* the vTrain A100 CSV (``.csv`` whose header is vTrain's), converted row by row with
+  :func:`vtrain_plan` (Megatron tensor parallelism ``t`` and data parallelism ``d`` are
+  the layout ``1 × t × 1 × d``).
+
+Every input error names the file and line and stops the read: a malformed line is never
+skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from axoplan.errors import AxoplanError, closest_hint
+from axoplan.layout import Layout
+from axoplan.machine import Machine, load_machine
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+from axoplan.plan import LaunchConfig
+from axoplan.runs import read_runs
+from axoplan.schema import describe_validation_error
+
+__all__ = ["Measured", "load_runs", "machine_matches", "check_machine", "vtrain_plan", "CSV_REQUIRED",
+           "CSV_OPTIONAL", "VTRAIN_COLUMNS", "VTRAIN_MACHINE"]
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One measured run of one plan; `where` is ``file:line`` for messages."""
+
+    plan: LaunchConfig
+    t_step_s: float
+    where: str
+    t_step_std_s: float = 0.0
+    phase_s: Mapping[str, float] = field(default_factory=dict)
+
+
+CSV_REQUIRED: tuple[str, ...] = (
+    "machine", "layers", "hidden", "heads", "seq_len", "global_batch", "micro_batch",
+    "gx", "gy", "gz", "gdata", "recompute", "t_step_s",
+)
+"""Columns every row of an axoplan measured-run CSV must have."""
+
+CSV_OPTIONAL: dict[str, str] = {
+    "model_name": "", "kv_heads": "", "ffn_hidden": "", "ffn_kind": "gelu", "vocab": "51200",
+    "max_positions": "0", "tied_embeddings": "true", "biases": "true", "cache_weights": "false",
+    "oar": "true", "ors": "true", "oag": "true", "overlap_forward_all_reduce": "false",
+    "grad_reduce_dtype": "fp32", "devices_per_node": "", "t_step_std_s": "0",
+}
+"""Optional columns and their defaults ('' = derived: GQA off, 4·H FFN, the machine's node size).
+Columns named ``phase_<name>_s`` carry measured seconds per iteration by phase."""
+
+VTRAIN_COLUMNS: tuple[str, ...] = (
+    "gpus", "global_batch", "micro_batch", "hidden", "heads", "layers", "seq_len", "t", "d", "p", "iteration_ms",
+)
+"""vTrain ``ground_truth_single.csv`` columns, in file order (its header names them in words)."""
+
+VTRAIN_MACHINE = "dgx-a100"
+VTRAIN_VOCAB = 50304  # GPT-2's 50,257 padded by Megatron to a multiple of 128 (--make-vocab-size-divisible-by)
+VTRAIN_DEVICES_PER_NODE = 8
+
+_TRUE = {"true", "1", "yes", "on", "y", "t"}
+_FALSE = {"false", "0", "no", "off", "n", "f"}
+
+
+def load_runs(paths: Sequence[Path]) -> list[Measured]:
+    """Every measured run in `paths` (JSON lines or CSV), in file order."""
+    runs: list[Measured] = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise AxoplanError(f"runs file {p} does not exist")
+        if p.suffix in {".jsonl", ".json", ".ndjson"}:
+            runs.extend(_read_jsonl(p))
+        elif p.suffix == ".csv":
+            runs.extend(_read_csv(p))
+        else:
+            raise AxoplanError(f"{p}: unknown runs file type {p.suffix!r}; give .jsonl records or a .csv")
+    if not runs:
+        raise AxoplanError(f"no measured runs in {', '.join(str(p) for p in paths)}")
+    return runs
+
+
+def _read_jsonl(path: Path) -> list[Measured]:
+    numbers = [n for n, line in enumerate(path.read_text().splitlines(), start=1) if line.strip()]
+    return [Measured(r.plan, r.t_step_s, f"{path}:{n}", r.t_step_std_s, dict(r.phase_s))
+            for n, r in zip(numbers, read_runs(path), strict=True)]
+
+
+def _read_csv(path: Path) -> list[Measured]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise AxoplanError(f"cannot read {path}: {exc.strerror}") from None
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        return []
+    if "iteration time" in lines[first].lower():
+        return _rows(path, lines, first, _vtrain_row, header=VTRAIN_COLUMNS)
+    header = [h.strip() for h in next(csv.reader([lines[first]]))]
+    _check_header(path, first + 1, header)
+    machines: dict[str, int] = {}
+    return _rows(path, lines, first, lambda row, where: _axoplan_row(row, where, machines), header=tuple(header))
+
+
+def _rows(path: Path, lines: list[str], first: int, convert: Callable[[dict[str, str], str], Measured],
+          header: tuple[str, ...]) -> list[Measured]:
+    out = []
+    for number, line in enumerate(lines[first + 1:], start=first + 2):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}:{number}"
+        cells = next(csv.reader([line]))
+        if len(cells) != len(header):
+            raise AxoplanError(f"{where}: malformed row: {len(cells)} fields, the header has {len(header)}")
+        out.append(convert(dict(zip(header, (c.strip() for c in cells), strict=True)), where))
+    return out
+
+
+def _check_header(path: Path, line: int, header: list[str]) -> None:
+    known = set(CSV_REQUIRED) | set(CSV_OPTIONAL)
+    for name in header:
+        if name not in known and not (name.startswith("phase_") and name.endswith("_s")):
+            raise AxoplanError(f"{path}:{line}: unknown column {name!r}{closest_hint(name, known)}; "
+                               "see docs/validate.md for the columns")
+    missing = [c for c in CSV_REQUIRED if c not in header]
+    if missing:
+        raise AxoplanError(f"{path}:{line}: missing column{'s' if len(missing) > 1 else ''} "
+                           f"{', '.join(missing)} (required: {', '.join(CSV_REQUIRED)})")
+
+
+def _axoplan_row(row: dict[str, str], where: str, node_sizes: dict[str, int]) -> Measured:
+    get = _Cells(row, where)
+    model = _model(where, num_layers=get.int("layers"), hidden=get.int("hidden"), num_heads=get.int("heads"),
+                   num_kv_heads=get.int("kv_heads", None), ffn_hidden=get.int("ffn_hidden", None),
+                   ffn_kind=get.text("ffn_kind"), vocab=get.int("vocab"), max_positions=get.int("max_positions"),
+                   tied_embeddings=get.bool("tied_embeddings"), biases=get.bool("biases"),
+                   name=get.text("model_name") or "custom")
+    mb, recompute, cache = get.int("micro_batch"), get.bool("recompute"), get.bool("cache_weights")
+    options = _options(where, global_batch=get.int("global_batch"), seq_len=get.int("seq_len"), micro_batches=(mb,),
+                       recompute="on" if recompute else "off", cache_weights="on" if cache else "off",
+                       overlap_all_reduce=get.bool("oar"), overlap_reduce_scatter=get.bool("ors"),
+                       overlap_all_gather=get.bool("oag"),
+                       overlap_forward_all_reduce=get.bool("overlap_forward_all_reduce"),
+                       grad_reduce_dtype=get.text("grad_reduce_dtype"))
+    machine = get.text("machine")
+    per_node = get.int("devices_per_node", None) or _node_size(machine, where, node_sizes)
+    layout = _layout(where, get.int("gx"), get.int("gy"), get.int("gz"), get.int("gdata"))
+    plan = _plan(where, machine=machine, devices_per_node=per_node, model=model, options=options, layout=layout,
+                 micro_batch=mb, recompute=recompute, cache_weights=cache)
+    phases = {k[len("phase_"):-len("_s")]: get.positive(k) for k in row if k.startswith("phase_") and row[k]}
+    return Measured(plan, get.positive("t_step_s"), where, get.float("t_step_std_s"), phases)
+
+
+def vtrain_plan(row: Mapping[str, int]) -> LaunchConfig:
+    """The axoplan plan of one vTrain row (``docs/validate.md``, "vTrain A100 data").
+
+    Megatron-DeepSpeed's tensor parallelism ``t`` runs the collectives of ``Gy = t`` with
+    ``Gx = Gz = 1``, and its data parallelism ``d`` is ``Gdata = d``. Fixed for all rows:
+    GPT-2 blocks (GeLU MLP of 4·H, learned positions up to the sequence length, tied
+    embeddings, vocabulary 50,257 padded to 50,304), full activation recompute, no weight
+    caching, no overlap of the tensor-parallel all-reduces (OAR off), 16-bit gradients
+    all-reduced after the backward (vTrain's ``use_gradient_bucket: false``).
+    """
+    seq = int(row["seq_len"])
+    model = ModelSpec(name=f"gpt-h{row['hidden']}-l{row['layers']}", num_layers=int(row["layers"]),
+                      hidden=int(row["hidden"]), num_heads=int(row["heads"]), vocab=VTRAIN_VOCAB, max_positions=seq,
+                      source="vTrain ground_truth_single.csv (Megatron-DeepSpeed GPT)")
+    mb = int(row["micro_batch"])
+    options = RunOptions(global_batch=int(row["global_batch"]), seq_len=seq, micro_batches=(mb,), recompute="on",
+                         cache_weights="off", overlap_all_reduce=False, overlap_reduce_scatter=False,
+                         overlap_all_gather=False, grad_reduce_dtype="bf16")
+    return LaunchConfig.build(machine=VTRAIN_MACHINE, devices_per_node=VTRAIN_DEVICES_PER_NODE, model=model,
+                              options=options, layout=Layout(1, int(row["t"]), 1, int(row["d"])), micro_batch=mb,
+                              recompute=True, cache_weights=False)
+
+
+def _vtrain_row(row: dict[str, str], where: str) -> Measured:
+    get = _Cells(row, where)
+    values = {k: get.int(k) for k in VTRAIN_COLUMNS if k != "iteration_ms"}
+    if values["p"] != 1:
+        raise AxoplanError(f"{where}: pipeline parallelism {values['p']} is not an axoplan layout; keep rows with "
+                           "p = 1")
+    if values["t"] * values["d"] != values["gpus"]:
+        raise AxoplanError(f"{where}: t·d = {values['t'] * values['d']} is not the {values['gpus']} GPUs of the row")
+    try:
+        plan = vtrain_plan(values)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, where, LaunchConfig)) from None
+    except AxoplanError as err:
+        raise AxoplanError(f"{where}: {err}") from None
+    return Measured(plan, get.positive("iteration_ms") / 1e3, where)
+
+
+class _Cells:
+    """Typed access to one CSV row's cells; errors name the row and the column."""
+
+    def __init__(self, row: dict[str, str], where: str) -> None:
+        self.row, self.where = row, where
+
+    def text(self, name: str) -> str:
+        value = self.row.get(name, "")
+        return value if value != "" else CSV_OPTIONAL.get(name, "")
+
+    def int(self, name: str, default: Any = ...) -> Any:
+        value = self.text(name)
+        if value == "" and default is not ...:
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise AxoplanError(f"{self.where}: column {name!r}: {value!r} is not a whole number") from None
+
+    def float(self, name: str) -> float:
+        value = self.text(name)
+        try:
+            return float(value)
+        except ValueError:
+            raise AxoplanError(f"{self.where}: column {name!r}: {value!r} is not a number") from None
+
+    def positive(self, name: str) -> float:
+        value = self.float(name)
+        if not value > 0:
+            raise AxoplanError(f"{self.where}: column {name!r}: {value!r} must be a positive time")
+        return value
+
+    def bool(self, name: str) -> bool:
+        value = self.text(name).lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise AxoplanError(f"{self.where}: column {name!r}: {self.text(name)!r} is not true/false")
+
+
+def _model(where: str, **fields: Any) -> ModelSpec:
+    try:
+        return ModelSpec(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, f"{where} (model)", ModelSpec)) from None
+
+
+def _options(where: str, **fields: Any) -> RunOptions:
+    try:
+        return RunOptions(**fields)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, f"{where} (run options)", RunOptions)) from None
+
+
+def _layout(where: str, *sizes: int) -> Layout:
+    try:
+        return Layout(*sizes)
+    except (ValueError, AxoplanError) as err:
+        raise AxoplanError(f"{where}: {err}") from None
+
+
+def _plan(where: str, **fields: Any) -> LaunchConfig:
+    try:
+        return LaunchConfig.build(**fields)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, f"{where} (plan)", LaunchConfig)) from None
+    except AxoplanError as err:
+        raise AxoplanError(f"{where}: {err}") from None
+
+
+def _node_size(machine: str, where: str, cache: dict[str, int]) -> int:
+    if machine not in cache:
+        try:
+            cache[machine] = load_machine(machine).devices_per_node
+        except AxoplanError:
+            raise AxoplanError(f"{where}: machine {machine!r} is not a shipped machine or a YAML path; add a "
+                               "devices_per_node column") from None
+    return cache[machine]
+
+
+def machine_matches(recorded: str, machine: Machine, reference: str) -> bool:
+    """Whether a run recorded on `recorded` (a name or a YAML path) belongs to `machine`.
+
+    A run matches the machine's ``name`` or the file stem of the YAML it was loaded from,
+    so a calibrated copy (same ``name``, another file) still matches its runs.
+    """
+    names = {machine.name, Path(reference).stem}
+    return recorded in names or Path(recorded).stem in names
+
+
+def check_machine(runs: Sequence[Measured], machine: Machine, reference: str) -> None:
+    """Refuse runs recorded on another machine than `machine` (name them, with their line)."""
+    for run in runs:
+        if not machine_matches(run.plan.machine, machine, reference):
+            raise AxoplanError(f"{run.where}: run was recorded on machine {run.plan.machine!r}, not "
+                               f"{machine.name!r}; validate or calibrate each machine with its own runs")
+
+
+def recorded_machine(runs: Sequence[Measured]) -> str:
+    """The one machine all `runs` were recorded on (an error if they name several)."""
+    names = sorted({Path(r.plan.machine).stem if r.plan.machine.endswith((".yaml", ".yml")) else r.plan.machine
+                    for r in runs})
+    if len(names) > 1:
+        raise AxoplanError(f"the runs come from several machines ({', '.join(names)}); pass --machine, or give "
+                           "one machine's runs at a time")
+    return runs[0].plan.machine

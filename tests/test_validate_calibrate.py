@@ -1,0 +1,89 @@
+"""Calibration: recovering known parameters, the held-out split, and what may be fitted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from axoplan.errors import AxoplanError
+from axoplan.validate.calibrate import PARAMETERS, calibrate, parameter_value, split_holdout, with_values
+from tests.validate_helpers import TRUE_VALUES, small_plans, synthetic_runs, theory_machine
+
+START_FACTORS = [1.3, 0.5, 1.5, 0.7, 1.4, 3.0, 0.7, 0.4]  # how far from the truth each fit starts
+
+
+def test_fit_recovers_the_parameters_the_runs_were_made_with() -> None:
+    truth = with_values(theory_machine(), TRUE_VALUES)
+    runs = synthetic_runs(small_plans(), truth)  # 2..16 GPUs on 4-GPU nodes: both link levels are used
+    start = with_values(truth, {k: v * f for (k, v), f in zip(TRUE_VALUES.items(), START_FACTORS, strict=True)})
+    result = calibrate(runs, start, holdout=0.3, seed=0)
+    assert {f.path for f in result.fitted} == set(TRUE_VALUES)
+    for f in result.fitted:
+        assert f.after == pytest.approx(TRUE_VALUES[f.path], rel=1e-3), f.path
+        assert f.before == pytest.approx(parameter_value(start, f.path))
+    assert result.holdout_after is not None and result.holdout_before is not None
+    assert result.holdout_after.mape_pct < 0.1 < result.holdout_before.mape_pct
+
+
+def test_noisy_runs_still_land_near_the_truth() -> None:
+    truth = with_values(theory_machine(), TRUE_VALUES)
+    plans = small_plans()
+    noise = np.exp(np.random.default_rng(1).normal(0.0, 0.03, len(plans)))  # ~3 % multiplicative noise
+    start = with_values(truth, {"gemm.max_efficiency": 0.9, "intra_node.latency_us": 5.0})
+    result = calibrate(synthetic_runs(plans, truth, list(noise)), start,
+                       parameters=["gemm.max_efficiency", "intra_node.latency_us"], holdout=0.3, seed=0)
+    fitted = {f.path: f for f in result.fitted}
+    assert fitted["gemm.max_efficiency"].after == pytest.approx(0.6, rel=0.03)
+    assert fitted["intra_node.latency_us"].after == pytest.approx(20.0, rel=0.25)
+    assert all(0 < f.rel_sigma < 0.5 for f in result.fitted)
+    assert result.holdout_after.mape_pct < result.holdout_before.mape_pct
+
+
+def test_single_node_runs_leave_the_network_alone() -> None:
+    truth = with_values(theory_machine(), TRUE_VALUES)
+    runs = synthetic_runs(small_plans(worlds=(2, 4)), truth)  # 4 GPUs per node: nothing crosses nodes
+    result = calibrate(runs, theory_machine(), holdout=0.0)
+    assert set(result.unused) == {"inter_node.efficiency", "inter_node.latency_us"}
+    assert result.calibrated.inter_node == theory_machine().inter_node
+    assert result.holdout_before is None and result.holdout_after is None
+
+
+def test_split_is_seeded_disjoint_and_complete() -> None:
+    train, hold = split_holdout(10, 0.3, seed=0)
+    assert len(hold) == 3 and len(train) == 7
+    assert sorted([*train, *hold]) == list(range(10))
+    again_train, again_hold = split_holdout(10, 0.3, seed=0)
+    assert hold.tolist() == again_hold.tolist()
+    assert any(split_holdout(10, 0.3, seed=s)[1].tolist() != hold.tolist() for s in range(1, 5))
+    assert len(split_holdout(10, 0.0, seed=0)[1]) == 0
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
+def test_bad_holdout_fraction(fraction: float) -> None:
+    with pytest.raises(AxoplanError, match="--holdout"):
+        split_holdout(10, fraction, 0)
+
+
+def test_holding_out_everything_is_refused() -> None:
+    with pytest.raises(AxoplanError, match="leaves none to fit"):
+        split_holdout(1, 0.6, 0)
+
+
+def test_unknown_parameter_gets_a_hint() -> None:
+    runs = synthetic_runs(small_plans(worlds=(4,)), theory_machine())
+    with pytest.raises(AxoplanError, match=r"unknown parameter 'gemm.max_eff' \(did you mean 'gemm.max_efficiency'"):
+        calibrate(runs, theory_machine(), parameters=["gemm.max_eff"])
+
+
+def test_insensitive_runs_are_refused() -> None:
+    runs = synthetic_runs(small_plans(worlds=(4,)), theory_machine())
+    with pytest.raises(AxoplanError, match="not sensitive to any fittable parameter"):
+        calibrate(runs, theory_machine(), parameters=["inter_node.latency_us"])
+
+
+def test_every_parameter_path_exists_and_its_bounds_hold_the_shipped_values() -> None:
+    m = theory_machine()
+    for p in PARAMETERS:
+        value = parameter_value(m, p.path)
+        assert p.low <= value <= p.high, p.path
+        assert parameter_value(with_values(m, {p.path: p.high}), p.path) == p.high
