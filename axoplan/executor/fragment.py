@@ -1,0 +1,210 @@
+"""What `axoplan probe` measures, and the machine-YAML fragment it writes (no torch).
+
+The fragment holds the two blocks the cost model reads from measurements:
+
+* ``measured_bandwidth``: one row per (stride, size) group shape that layouts of the
+  probed world size contain, with the bus bandwidth its collectives reached (nccl-tests
+  convention, the same ring volumes as ``axoplan.cost.collectives``: all-reduce
+  ``2(p-1)/p·bytes/t``, all-gather and reduce-scatter ``(p-1)/p·bytes/t`` of the full
+  buffer), taken as the median of the three kinds at the largest message;
+* ``gemm``: a measured ``table`` (efficiency = achieved flop/s ÷ the machine's peak),
+  plus ``max_efficiency`` and ``half_efficiency_dim`` fitted to it, so the block is
+  complete when it replaces a machine's ``gemm:``.
+
+Merge it into a machine YAML with `merge_fragment` (mappings merge, lists are replaced).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, PositiveInt
+
+from axoplan.layout import ordered_factorizations
+from axoplan.plan import LaunchConfig
+from axoplan.schema import Frozen
+
+__all__ = ["ProbeConfig", "ProbeResult", "group_shapes", "plan_gemm_shapes", "grid_gemm_shapes", "message_sizes",
+           "fit_gemm_curve", "render_fragment", "merge_fragment", "bus_bandwidth_gbs"]
+
+
+class ProbeConfig(Frozen):
+    """What to measure."""
+
+    gemm_shapes: tuple[tuple[int, int, int], ...] = Field((), description="(m, n, k) of [m×k]·[k×n] GEMMs; "
+                                                          "empty: a grid that suits the device.")
+    message_bytes: tuple[PositiveInt, ...] = Field((), description="Collective buffer sizes, bytes; empty: a "
+                                                                    "range that suits the device.")
+    repeats: PositiveInt = 5
+    timeout_s: float = Field(60.0, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+
+
+class CollectivePoint(Frozen):
+    op: Literal["all_reduce", "all_gather", "reduce_scatter"]
+    stride: PositiveInt
+    size: PositiveInt
+    nbytes: PositiveInt
+    seconds: float = Field(gt=0, description="Per call, the slowest member, median of the repeats.")
+
+
+class GemmTime(Frozen):
+    m: PositiveInt
+    n: PositiveInt
+    k: PositiveInt
+    seconds: float = Field(gt=0, description="Per GEMM, median over ranks of each rank's median.")
+
+
+class ProbeResult(Frozen):
+    """Raw measurements, as rank 0 returns them."""
+
+    world_size: PositiveInt
+    device_name: str
+    backend: str
+    dtype: str
+    torch_version: str
+    gemms: tuple[GemmTime, ...]
+    collectives: tuple[CollectivePoint, ...]
+
+
+def group_shapes(world_size: int) -> list[tuple[int, int]]:
+    """Every (stride, size ≥ 2) that a group of some layout of `world_size` ranks has.
+
+    Axis X has stride 1, Y stride Gx, Z stride Gx·Gy, data stride Gx·Gy·Gz.
+    """
+    gx, gy, gz, gd = ordered_factorizations(world_size)
+    shapes = set()
+    for stride, size in ((np.ones_like(gx), gx), (gx, gy), (gx * gy, gz), (gx * gy * gz, gd)):
+        shapes |= {(int(s), int(p)) for s, p in zip(stride, size, strict=True) if p > 1}
+    return sorted(shapes)
+
+
+def plan_gemm_shapes(plan: LaunchConfig) -> list[tuple[int, int, int]]:
+    """The local (m, n, k) of every GEMM the plan runs: forward, dX and dW of each layer.
+
+    Same conventions as ``axoplan.cost.model``: forward ``(m_l, n_loc, k_loc)``, dX
+    ``(m_l, k_loc, n_loc)``, dW ``(n_loc, k_loc, m_l)`` with ``m_l = micro_batch·seq_len``.
+    """
+    from axoplan.executor.spec import padded_vocab
+
+    lay, model = plan.layout, plan.model
+    size = {"x": lay.gx, "y": lay.gy}
+    m = plan.micro_batch * plan.options.seq_len
+    layers = [(lin.k_in, lin.n_out, lin.transposed) for lin in model.block_linears()]
+    layers.append((model.hidden, padded_vocab(model.vocab, lay.gx, lay.gy, lay.gz), False))
+    shapes: list[tuple[int, int, int]] = []
+    for k, n, transposed in layers:
+        k_loc, n_loc = (k // size["y"], n // size["x"]) if transposed else (k // size["x"], n // size["y"])
+        for shape in ((m, n_loc, k_loc), (m, k_loc, n_loc), (n_loc, k_loc, m)):
+            if shape not in shapes:
+                shapes.append(shape)
+    return shapes
+
+
+def grid_gemm_shapes(sizes: list[int]) -> list[tuple[int, int, int]]:
+    """Every (m, n, k) with each dimension from `sizes`."""
+    return [(m, n, k) for m in sizes for n in sizes for k in sizes]
+
+
+def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """Powers of four from `min_bytes` up to `max_bytes` (both included), multiples of 64 bytes."""
+    sizes, size = [], max(64, min_bytes)
+    while size < max_bytes:
+        sizes.append(size)
+        size *= 4
+    sizes.append(max(64, max_bytes - max_bytes % 64))
+    return sorted(set(sizes))
+
+
+def bus_bandwidth_gbs(op: str, nbytes: int, size: int, seconds: float) -> float:
+    """Bus bandwidth of one collective call, GB/s."""
+    factor = 2.0 * (size - 1) / size if op == "all_reduce" else (size - 1) / size
+    return factor * nbytes / seconds / 1e9
+
+
+def fit_gemm_curve(points: list[tuple[int, int, int, float]]) -> tuple[float, float]:
+    """(max_efficiency, half_efficiency_dim) of ``eff = max · Π d/(d + half)``, least squares in log space.
+
+    The half dimension is searched on a log grid (1 to 65536); for each, the best scale
+    is the geometric mean ratio, capped at 1.
+    """
+    dims = np.array([[m, n, k] for m, n, k, _ in points], dtype=np.float64)
+    log_eff = np.log(np.array([e for *_, e in points], dtype=np.float64))
+    best = (math.inf, 1.0, 1.0)
+    for half in np.geomspace(1.0, 65536.0, 241):
+        log_shape = np.log(dims / (dims + half)).sum(axis=1)
+        scale = min(0.0, float(np.mean(log_eff - log_shape)))
+        err = float(np.sum((log_eff - log_shape - scale) ** 2))
+        if err < best[0]:
+            best = (err, math.exp(scale), float(half))
+    return best[1], best[2]
+
+
+def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when: str) -> str:
+    """The YAML fragment, with where and how it was measured in comments."""
+    eff = [(g.m, g.n, g.k, 2.0 * g.m * g.n * g.k / g.seconds / (peak_tflops * 1e12)) for g in result.gemms]
+    capped = [(m, n, k, min(1.0, e)) for m, n, k, e in eff]
+    max_eff, half = fit_gemm_curve(capped)
+    lines = [
+        f"# axoplan probe, {when}: {result.world_size} rank(s) on {result.device_name}, {result.backend}, "
+        f"torch {result.torch_version}, {result.dtype}",
+        f"# GEMM efficiency = achieved flop/s / {peak_tflops:g} TFLOP/s (peak of machine {machine!r}); every "
+        "rank measured at once, median over ranks",
+        "# collectives: all groups of one (stride, size) at once; per call the slowest member, median of the "
+        "repeats; bandwidth_gbs = median over all-reduce, all-gather, reduce-scatter of the bus bandwidth at "
+        "the largest message",
+        "measured_bandwidth:",
+        *_bandwidth_lines(result),
+        "gemm:",
+        f"  max_efficiency: {_num(max_eff)}         # fitted to the table below",
+        f"  half_efficiency_dim: {_num(half)}",
+        "  table:",
+    ]
+    for (m, n, k, e), (_, _, _, raw) in zip(capped, eff, strict=True):
+        note = f"  # {raw * peak_tflops:.4g} TFLOP/s" + (" (above the assumed peak: capped at 1)" if raw > 1 else "")
+        lines.append(f"    - {{m: {m}, n: {n}, k: {k}, efficiency: {_num(max(e, 1e-6))}}}{note}")
+    return "\n".join(lines) + "\n"
+
+
+def _bandwidth_lines(result: ProbeResult) -> list[str]:
+    lines = []
+    shapes = sorted({(c.stride, c.size) for c in result.collectives})
+    for stride, size in shapes:
+        points = [c for c in result.collectives if (c.stride, c.size) == (stride, size)]
+        largest, smallest = max(c.nbytes for c in points), min(c.nbytes for c in points)
+        bw = {c.op: bus_bandwidth_gbs(c.op, c.nbytes, size, c.seconds) for c in points if c.nbytes == largest}
+        lat = {c.op: c.seconds / _steps(c.op, size) * 1e6 for c in points if c.nbytes == smallest}
+        detail = ", ".join(f"{op} {bw[op]:.3g}" for op in sorted(bw))
+        latency = ", ".join(f"{op} {lat[op]:.0f}" for op in sorted(lat))
+        value = _num(float(np.median(list(bw.values()))))
+        lines.append(f"  - {{stride: {stride}, size: {size}, bandwidth_gbs: {value}}}"
+                     f"  # GB/s at {largest} B: {detail}; us per step at {smallest} B: {latency}")
+    return lines
+
+
+def _num(value: float) -> str:
+    """4 significant digits that YAML reads back as a float (PyYAML wants '1.0e-05', not '1e-05')."""
+    text = f"{value:.4g}"
+    mantissa, _, exponent = text.partition("e")
+    if exponent and "." not in mantissa:
+        text = f"{mantissa}.0e{exponent}"
+    return text
+
+
+def _steps(op: str, size: int) -> float:
+    steps = math.ceil(math.log2(size))
+    return 2.0 * steps if op == "all_reduce" else float(steps)
+
+
+def merge_fragment(machine: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """`machine` with `fragment` merged in: nested mappings merge, everything else is replaced."""
+    out = dict(machine)
+    for key, value in fragment.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_fragment(out[key], value)
+        else:
+            out[key] = value
+    return out

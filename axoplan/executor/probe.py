@@ -1,0 +1,151 @@
+"""`axoplan probe` on each rank: time GEMMs and the three collectives for every group shape.
+
+GEMMs: every rank times every shape at once (ranks that share a node share its memory
+and, on CPU, its cores, as in a run), 2 warm-up calls then `repeats` timed ones; the
+per-rank median, then the median over ranks. Collectives: for one (stride, size) at a
+time, every group of that shape runs together (a layout's groups of one axis do), so
+groups that share links or NICs are measured sharing them; per call the slowest member
+(max over ranks), median of the repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from axoplan.executor.fragment import (
+    CollectivePoint,
+    GemmTime,
+    ProbeConfig,
+    ProbeResult,
+    grid_gemm_shapes,
+    group_shapes,
+    message_sizes,
+)
+from axoplan.executor.launch import DistEnv
+from axoplan.executor.spec import ExecSettings
+from axoplan.executor.train import device_name, resolve_device, resolve_dtype
+from axoplan.layout import Layout
+
+__all__ = ["probe_rank", "probe_task", "probe_in_process"]
+
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def probe_task(config_json: str) -> str | None:
+    """LocalCluster task: rank 0 returns the ProbeResult as JSON."""
+    result = probe_rank(ProbeConfig.model_validate_json(config_json), local_rank=dist.get_rank())
+    return result.model_dump_json() if result is not None else None
+
+
+def probe_in_process(config_json: str, env: DistEnv) -> str | None:
+    """As one rank of a torchrun / srun job; rank 0 returns the ProbeResult as JSON."""
+    from axoplan.executor.worker import init_group
+
+    config = ProbeConfig.model_validate_json(config_json)
+    init_group(env.rank, env.world_size, config.timeout_s, config.device, "env://", env.local_rank)
+    result = probe_rank(config, env.local_rank)
+    dist.destroy_process_group()
+    return result.model_dump_json() if result is not None else None
+
+
+def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
+    """Measure on this rank of an initialised process group; rank 0 gets the result.
+
+    Without shapes or sizes in `config`, a grid that suits the device is used: GEMM
+    dimensions 64-1024 and messages 4 KiB-4 MiB on CPU, 512-8192 and 64 KiB-256 MiB on GPU.
+    """
+    settings = ExecSettings(device=config.device, dtype=config.dtype)
+    device = resolve_device(settings, local_rank)
+    dtype = resolve_dtype(settings, device)
+    gpu = device.type == "cuda"
+    shapes = config.gemm_shapes or tuple(grid_gemm_shapes([512, 2048, 8192] if gpu else [64, 256, 1024]))
+    sizes = config.message_bytes or tuple(message_sizes(64 << 10, 256 << 20) if gpu else
+                                          message_sizes(4 << 10, 4 << 20))
+    gemm_s = _median_over_ranks([_gemm_s(shape, device, dtype, config.repeats) for shape in shapes], device)
+    world = dist.get_world_size()
+    points = []
+    for stride, size in group_shapes(world):
+        group = _groups(Layout(stride, size, 1, world // (stride * size)), config.timeout_s)
+        for nbytes in sizes:
+            for op in ("all_reduce", "all_gather", "reduce_scatter"):
+                seconds = _collective_s(op, nbytes, size, group, device, dtype, config.repeats)
+                points.append(CollectivePoint(op=op, stride=stride, size=size, nbytes=_rounded(nbytes, size, dtype),
+                                              seconds=seconds))
+    if dist.get_rank() != 0:
+        return None
+    return ProbeResult(world_size=world, device_name=device_name(device), backend=dist.get_backend(),
+                       dtype=str(dtype).removeprefix("torch."), torch_version=torch.__version__,
+                       gemms=tuple(GemmTime(m=m, n=n, k=k, seconds=s)
+                                   for (m, n, k), s in zip(shapes, gemm_s, strict=True)),
+                       collectives=tuple(points))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 2) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _gemm_s(shape: tuple[int, int, int], device: torch.device, dtype: torch.dtype, repeats: int) -> float:
+    m, n, k = shape
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    return statistics.median(_timed(lambda: a @ b, device, repeats))
+
+
+def _median_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return torch.stack(every).median(dim=0).values.cpu().tolist()
+
+
+def _groups(layout: Layout, timeout_s: float) -> dist.ProcessGroup:
+    """This rank's group along Y of `layout` (stride Gx, size Gy); every rank creates every group."""
+    from datetime import timedelta
+
+    rows = [[int(r) for r in row] for row in layout.groups("y")]
+    mine, _ = dist.new_subgroups_by_enumeration(rows, timeout=timedelta(seconds=timeout_s))
+    return mine
+
+
+def _rounded(nbytes: int, size: int, dtype: torch.dtype) -> int:
+    """Buffer bytes actually moved: whole elements, divisible among `size` members."""
+    item = torch.empty((), dtype=dtype).element_size()
+    elements = max(size, nbytes // item // size * size)
+    return elements * item
+
+
+def _collective_s(op: str, nbytes: int, size: int, group: dist.ProcessGroup, device: torch.device,
+                  dtype: torch.dtype, repeats: int) -> float:
+    """Seconds per call of `op` on a `nbytes` buffer: slowest member, median of the repeats."""
+    elements = _rounded(nbytes, size, dtype) // torch.empty((), dtype=dtype).element_size()
+    full = torch.ones(elements, device=device, dtype=dtype)
+    part = torch.ones(elements // size, device=device, dtype=dtype)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(full, group=group),
+        "all_gather": lambda: _ALL_GATHER(full, part, group=group),
+        "reduce_scatter": lambda: _REDUCE_SCATTER(part, full, group=group),
+    }
+    dist.barrier(group=group)
+    times = torch.tensor(_timed(calls[op], device, repeats, warmup=1), dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest member of the slowest group
+    return float(times.median())

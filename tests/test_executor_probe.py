@@ -1,0 +1,120 @@
+"""`axoplan probe`: the shapes it measures, the fragment it writes, and a real gloo run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from axoplan.cost.placement import place
+from axoplan.executor.fragment import (
+    CollectivePoint,
+    GemmTime,
+    ProbeResult,
+    bus_bandwidth_gbs,
+    fit_gemm_curve,
+    group_shapes,
+    merge_fragment,
+    message_sizes,
+    plan_gemm_shapes,
+    render_fragment,
+)
+from axoplan.layout import Layout
+from axoplan.machine import Machine, load_machine, machines_dir
+from tests.conftest import run_cli
+from tests.executor_helpers import tiny_plan
+
+
+def test_group_shapes_of_eight_ranks() -> None:
+    # X: stride 1, sizes 2/4/8; Y: stride Gx; Z: stride Gx*Gy; data: stride Gx*Gy*Gz
+    assert group_shapes(8) == [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)]
+    assert group_shapes(1) == []
+
+
+def test_plan_gemm_shapes_are_the_local_blocks() -> None:
+    plan = tiny_plan(Layout(2, 1, 2, 1), micro_batch=2)  # m = 2 sequences x 8 tokens; vocab 61 -> 64
+    shapes = plan_gemm_shapes(plan)
+    m = 16
+    assert shapes[:3] == [(m, 96, 16), (m, 16, 96), (96, 16, m)]  # qkv: k 32/Gx, n 96/Gy
+    assert (m, 16, 32) in shapes  # attn_out (transposed): k 32/Gy = 32, n 32/Gx = 16
+    assert (m, 64, 16) in shapes  # LM head: padded vocab 64 over Gy, hidden 32 over Gx
+    assert len(shapes) == len(set(shapes))
+
+
+def test_message_sizes_and_bus_bandwidth() -> None:
+    assert message_sizes(4096, 1 << 20) == [4096, 16384, 65536, 262144, 1048576]
+    assert message_sizes(128, 128) == [128] and message_sizes(100, 100) == [64]  # whole 64-byte multiples
+    # 1 GB all-reduce over 4 ranks in 1 s: ring volume 2*3/4 GB -> 1.5 GB/s; all-gather 0.75 GB/s
+    assert bus_bandwidth_gbs("all_reduce", 10**9, 4, 1.0) == pytest.approx(1.5)
+    assert bus_bandwidth_gbs("all_gather", 10**9, 4, 1.0) == pytest.approx(0.75)
+
+
+def test_fit_recovers_a_curve() -> None:
+    dims = [64, 256, 1024, 4096]
+    points = [(m, n, k, 0.6 * m / (m + 128) * n / (n + 128) * k / (k + 128)) for m in dims for n in dims for k in dims]
+    max_eff, half = fit_gemm_curve(points)
+    assert max_eff == pytest.approx(0.6, rel=0.03) and half == pytest.approx(128, rel=0.05)
+
+
+def _result() -> ProbeResult:
+    collectives = []
+    for stride, size in group_shapes(4):
+        for nbytes, seconds in ((4096, 1e-3), (1 << 20, 2e-3)):
+            for op in ("all_reduce", "all_gather", "reduce_scatter"):
+                collectives.append(CollectivePoint(op=op, stride=stride, size=size, nbytes=nbytes, seconds=seconds))
+    gemms = [GemmTime(m=64, n=64, k=64, seconds=2 * 64**3 / 0.05e12), GemmTime(m=256, n=256, k=256, seconds=1e-9)]
+    return ProbeResult(world_size=4, device_name="cpu", backend="gloo", dtype="float32", torch_version="2.13.0",
+                       gemms=tuple(gemms), collectives=tuple(collectives))
+
+
+@pytest.mark.parametrize("name", ["local-cpu", "frontier", "dgx-h100"])
+def test_fragment_merges_into_a_machine_and_feeds_placement(name: str) -> None:
+    text = render_fragment(_result(), 0.1, name, "now")
+    fragment = yaml.safe_load(text)
+    base = yaml.safe_load((machines_dir() / f"{name}.yaml").read_text())
+    machine = Machine.model_validate(merge_fragment(base, fragment))
+    assert [(r.stride, r.size) for r in machine.measured_bandwidth] == [(1, 2), (1, 4), (2, 2)]
+    # size 2, 1 MiB in 2 ms: all-reduce 2*(1/2)*1048576/2e-3 B/s = 0.524 GB/s, the others half: median 0.262
+    row = machine.measured_bandwidth[0]
+    assert row.bandwidth_gbs == pytest.approx(0.5 * 1048576 / 2e-3 / 1e9, rel=1e-3)
+    assert place(machine, 1, 2).bandwidth_gbs == row.bandwidth_gbs
+    first, fast = machine.gemm.table
+    assert first.efficiency == pytest.approx(0.5, rel=1e-3)  # 0.05 of 0.1 TFLOP/s
+    assert fast.efficiency == 1.0  # faster than the peak: capped, and the comment says so
+    assert "capped at 1" in text
+    assert machine.device == load_machine(name).device  # only the measured blocks changed
+
+
+def test_merge_replaces_lists_and_merges_mappings() -> None:
+    base = {"a": {"b": 1, "c": 2}, "rows": [1, 2], "x": 1}
+    assert merge_fragment(base, {"a": {"c": 3}, "rows": [9]}) == {"a": {"b": 1, "c": 3}, "rows": [9], "x": 1}
+    assert base["a"] == {"b": 1, "c": 2}
+
+
+@pytest.mark.distributed
+def test_probe_with_four_gloo_ranks(tmp_path: Path) -> None:
+    plan = tiny_plan(Layout(2, 1, 2, 1))
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    out = tmp_path / "probe.yaml"
+    done = run_cli("probe", "--local", "4", "--plan", str(tmp_path / "plan.json"), "--min-kib", "1", "--max-mib",
+                   "0.0625", "--repeats", "2", "--timeout", "30", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    fragment = yaml.safe_load(out.read_text())
+    assert "gloo" in out.read_text().splitlines()[0]
+    assert [(r["stride"], r["size"]) for r in fragment["measured_bandwidth"]] == [(1, 2), (1, 4), (2, 2)]
+    assert all(r["bandwidth_gbs"] > 0 for r in fragment["measured_bandwidth"])
+    table = fragment["gemm"]["table"]
+    assert [(p["m"], p["n"], p["k"]) for p in table] == plan_gemm_shapes(plan)
+    assert all(0 < p["efficiency"] <= 1 for p in table)
+    merged = tmp_path / "measured-cpu.yaml"
+    base = yaml.safe_load((machines_dir() / "local-cpu.yaml").read_text())
+    merged.write_text(yaml.safe_dump(merge_fragment(base, fragment)))
+    machine = load_machine(merged)
+    assert math.isfinite(place(machine, 2, 2).bandwidth_gbs)
+    done = run_cli("rank", "--machine", str(merged), "--gpus", "4", "--layers", "2", "--hidden", "32", "--heads", "4",
+                   "--vocab", "61", "--global-batch", "4", "--seq-len", "8", "--micro-batch", "1")
+    assert done.returncode == 0, done.stderr
+    again = run_cli("probe", "--local", "4", "--machine", "local-cpu", "-o", str(out))
+    assert again.returncode == 2 and "already exists" in again.stderr
