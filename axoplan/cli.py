@@ -275,6 +275,9 @@ app.command("export")(user_errors(_export))
 from axoplan.commands.run import run as _run  # noqa: E402
 
 app.command("run")(user_errors(_run))
+from axoplan.commands.probe import probe as _probe  # noqa: E402
+
+app.command("probe")(user_errors(_probe))
 from axoplan.commands.validate import validate as _validate  # noqa: E402
 
 app.command("validate")(user_errors(_validate))
