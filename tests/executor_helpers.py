@@ -90,3 +90,54 @@ def group_ranks_task(gx: int, gy: int, gz: int, gdata: int) -> dict[str, list[in
 
     groups = build_groups(Layout(gx, gy, gz, gdata), "cpu", 30.0)
     return {axis: dist.get_process_group_ranks(groups.group[axis]) for axis in ("x", "y", "z", "data")}
+
+
+def axonn_cpu_shim() -> None:
+    """Let AxoNN 0.2.0 run on CPU with gloo in this process (``executor.md`` §1.3).
+
+    AxoNN hard-codes CUDA and NCCL; these patches replace exactly those spots. They patch
+    private internals of an unmaintained package, so they live in the tests only.
+    """
+    import torch
+    import torch.distributed as dist
+    from axonn.intra_layer import fully_connected, overlap_communication
+
+    if getattr(dist.new_group, "_axoplan_shim", False):
+        return
+    original = dist.new_group
+
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("backend") == "nccl":
+            kwargs["backend"] = "gloo"
+        return original(*args, **kwargs)
+
+    def clear_handles() -> None:  # NCCL relies on stream order; gloo needs every handle waited
+        for handle in overlap_communication.handles:
+            if handle is not None:
+                handle.wait()
+        overlap_communication.handles = []
+
+    new_group._axoplan_shim = True  # type: ignore[attr-defined]
+    dist.new_group = new_group
+    torch.cuda.set_device = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *a, **k: None
+    fully_connected.initialize_params.__wrapped__.__defaults__ = ("cpu",)
+    overlap_communication.clear_handles = clear_handles
+
+
+def axonn_groups_task(gx: int, gy: int, gz: int, gdata: int) -> dict[str, list[int]]:
+    """``axonn.init`` from a plan of this layout (through the CPU shim); AxoNN's groups."""
+    from axoplan.executor.axonn_backend import axonn_groups, init_axonn
+
+    axonn_cpu_shim()
+    init_axonn(tiny_plan(Layout(gx, gy, gz, gdata)), gpus_per_node=1)
+    return axonn_groups()
+
+
+def axonn_train_task(plan_json: str, settings_json: str) -> Any:
+    """`train_task` with the AxoNN engine, through the CPU shim."""
+    from axoplan.executor.worker import train_task
+
+    axonn_cpu_shim()
+    return train_task(plan_json, settings_json)

@@ -18,7 +18,8 @@ overlaps the dX GEMM (AxoNN's special case).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -47,13 +48,16 @@ class Runtime:
     overlap_forward_all_reduce: bool
     grad_reduce_dtype: str = "fp32"
     phase: str = "forward"
+    micro_batch_context: Callable[[], Any] = contextlib.nullcontext  # around a micro-batch (AxoNN engine)
+    recompute_hook: Callable[[], Any] = contextlib.nullcontext  # around a recomputed block (AxoNN engine)
 
     @contextmanager
     def recomputing(self) -> Iterator[None]:
-        """Mark the enclosed forward as an activation recompute (for the record's phases)."""
+        """Mark the enclosed forward as an activation recompute."""
         before, self.phase = self.phase, "recompute"
         try:
-            yield
+            with self.recompute_hook():
+                yield
         finally:
             self.phase = before
 
@@ -69,6 +73,8 @@ def block_slice(n: int, parts: int, index: int) -> slice:
 
 class Linear4D(nn.Module):
     """``y = x · Wᵀ`` with W sharded over X, Y and Z; no bias (the model adds it)."""
+
+    sharded_4d = True  # its weight is a Z-shard of an X/Y block (``GPT4D.sharded``)
 
     def __init__(self, name: str, k_in: int, n_out: int, transposed: bool, rt: Runtime,
                  shard: torch.Tensor) -> None:

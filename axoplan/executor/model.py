@@ -16,7 +16,7 @@ so the world all-reduce counts each copy once (``train.sync_gradients``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ __all__ = ["GPT4D"]
 class _Biased(nn.Module):
     """A 4D linear plus its whole bias (sliced to this rank's output block)."""
 
-    def __init__(self, linear: Linear4D, bias: torch.Tensor | None) -> None:
+    def __init__(self, linear: nn.Module, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.linear = linear
         self.bias = nn.Parameter(bias) if bias is not None else None
@@ -61,13 +61,14 @@ class _NormX(nn.Module):
 
 
 class _Block4D(nn.Module):
-    def __init__(self, spec: ModelSpec, prefix: str, params: dict[str, torch.Tensor], rt: Runtime) -> None:
+    def __init__(self, spec: ModelSpec, prefix: str, params: dict[str, torch.Tensor], rt: Runtime,
+                 factory: Callable[..., nn.Module]) -> None:
         super().__init__()
         self.spec, self.rt = spec, rt
         h = spec.hidden
 
         def linear(name: str, k: int, n: int, transposed: bool) -> _Biased:
-            lin = Linear4D(name, k, n, transposed, rt, params[f"{prefix}.{name}.weight"])
+            lin = factory(name, k, n, transposed, rt, params[f"{prefix}.{name}.weight"])
             return _Biased(lin, params.get(f"{prefix}.{name}.bias"))
 
         lin = {lay.name: lay for lay in spec.block_linears()}
@@ -88,19 +89,27 @@ class _Block4D(nn.Module):
 
 
 class GPT4D(nn.Module):
-    """This rank's part of the model; ``forward`` returns the mean loss of its tokens."""
+    """This rank's part of the model; ``forward`` returns the mean loss of its tokens.
+
+    `factory` makes the four block linears (``Linear4D``, or AxoNN's through
+    ``axonn_backend``); the embedding and LM head are always ``Linear4D``. Recompute uses
+    torch's non-reentrant checkpoint, or the reentrant one when `reentrant` (AxoNN's ORS
+    finds a weight by the tensor its backward saved, which only the reentrant checkpoint
+    keeps: measured, the non-reentrant one loses those weight gradients).
+    """
 
     def __init__(self, spec: ModelSpec, vocab: int, params: dict[str, torch.Tensor], rt: Runtime,
-                 recompute: bool) -> None:
+                 recompute: bool, factory: Callable[..., nn.Module] = Linear4D, reentrant: bool = False) -> None:
         super().__init__()
-        self.spec, self.rt, self.recompute = spec, rt, recompute
+        self.spec, self.rt, self.recompute, self.reentrant = spec, rt, recompute, reentrant
         self.lm_head = Linear4D("lm_head", spec.hidden, vocab, False, rt, params["lm_head.weight"])
         if not spec.tied_embeddings:
             self.embed = Linear4D("embed", spec.hidden, vocab, False, rt, params["embed.weight"])
         if spec.max_positions:
             self.pos = nn.Module()
             self.pos.weight = nn.Parameter(params["pos.weight"])
-        self.blocks = nn.ModuleList(_Block4D(spec, f"blocks.{i}", params, rt) for i in range(spec.num_layers))
+        self.blocks = nn.ModuleList(_Block4D(spec, f"blocks.{i}", params, rt, factory)
+                                    for i in range(spec.num_layers))
         self.ln_f = _NormX(spec.hidden, params["ln_f.weight"], params.get("ln_f.bias"), rt)
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -118,20 +127,29 @@ class GPT4D(nn.Module):
     def _run_block(self, block: _Block4D, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         if not self.recompute:
             return block(h, batch, seq)
+        if self.reentrant:  # forward under no_grad, recompute under grad: that tells them apart
+            return checkpoint(self._marked(block), h, batch, seq, use_reentrant=True)
         return checkpoint(block, h, batch, seq, use_reentrant=False,
                           context_fn=lambda: (contextlib.nullcontext(), self.rt.recomputing()))
+
+    def _marked(self, block: _Block4D) -> Callable[..., torch.Tensor]:
+        def run(h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+            with self.rt.recomputing() if torch.is_grad_enabled() else contextlib.nullcontext():
+                return block(h, batch, seq)
+
+        return run
 
     def sharded(self) -> Iterator[tuple[str, nn.Parameter]]:
         """The 4D-sharded weights (gradients reduced over data)."""
         for name, p in self.named_parameters():
-            if _canonical(name).endswith(".weight") and isinstance(self._owner(name), Linear4D):
+            if _canonical(name).endswith(".weight") and getattr(self._owner(name), "sharded_4d", False):
                 yield _canonical(name), p
 
     def replicated(self) -> Iterator[tuple[str, nn.Parameter, tuple[str, ...]]]:
         """Whole parameters with the axes along which their gradient is a repeated copy."""
         for name, p in self.named_parameters():
             owner = self._owner(name)
-            if isinstance(owner, Linear4D):
+            if getattr(owner, "sharded_4d", False):
                 continue
             axes = (owner.linear.in_axis,) if isinstance(owner, _Biased) else ("y",)
             yield _canonical(name), p, axes

@@ -15,6 +15,7 @@ reductions yield exactly the gradient of the global batch's mean loss.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import signal
@@ -98,8 +99,11 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     timer = PhaseTimer(device, settings.phase_timing)
     rt = _runtime(plan, groups, timer)
     vocab = plan_vocab(plan)
-    params = _initial_params(plan, settings, groups, vocab)
-    model = GPT4D(plan.model, vocab, {k: v.to(device, dtype) for k, v in params.items()}, rt, plan.recompute)
+    params = {k: v.to(device, dtype) for k, v in _initial_params(plan, settings, groups, vocab).items()}
+    if settings.engine == "axonn":
+        model = _axonn_model(plan, params, rt, vocab, device)
+    else:
+        model = GPT4D(plan.model, vocab, params, rt, plan.recompute)
     batches = local_batches(plan, synthetic_tokens(plan, settings.seed), groups.coords, device)
     optimizer = _optimizer(model, settings)
     scale = 1.0 / (plan.layout.gdata * plan.layout.gz * plan.grad_accum_steps)
@@ -121,6 +125,19 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     iter_s, phase_s = _reduce_timings(rt.comm, times, phases, device)
     return RankResult(groups.rank, losses, iter_s, phase_s, grads, device_name(device),
                       torch.distributed.get_backend(), str(dtype).removeprefix("torch."))
+
+
+def _axonn_model(plan: LaunchConfig, params: dict[str, torch.Tensor], rt: Runtime, vocab: int,
+                 device: torch.device) -> GPT4D:
+    """The model with AxoNN's expert-mode block linears, and AxoNN's overlap contexts."""
+    from axoplan.executor import axonn_backend as axb
+
+    axb.init_axonn(plan, torch.cuda.device_count() if device.type == "cuda" else 1)
+    factory = functools.partial(axb.axonn_linear_class(), cache=plan.cache_weights)
+    model = GPT4D(plan.model, vocab, params, rt, plan.recompute, factory, reentrant=True)
+    rt.micro_batch_context = axb.micro_batch_context(plan, model)
+    rt.recompute_hook = axb.recompute_context(plan, model)
+    return model
 
 
 def _drill(kind: str | None) -> None:
@@ -163,8 +180,9 @@ def _step(model: GPT4D, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Ten
     total = torch.zeros((), dtype=torch.float32, device=batches[0][0].device)
     for ids, targets in batches:
         rt.phase = "forward"
-        loss = model(ids, targets) * scale
-        loss.backward()
+        with rt.micro_batch_context():
+            loss = model(ids, targets) * scale
+            loss.backward()
         rt.reducer.drain()
         rt.gatherer.end_micro_batch()
         total += loss.detach().float()
