@@ -54,14 +54,14 @@ class Comm:
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         """Sum (or `op`) `t` in place over the `axis` group; returns `t`."""
         if self.size(axis) > 1:
-            with self.timer.span(phase or f"all_reduce_{axis}"):
+            with self.timer.span(phase or f"all_reduce_{axis}", ("all_reduce", axis, t.numel(), True)):
                 dist.all_reduce(t, op=op, group=self.groups.group[axis])
         return t
 
     def all_reduce_async(self, t: torch.Tensor, axis: str, phase: str | None = None) -> Pending:
         if self.size(axis) == 1:
             return Pending(None, t, self.timer)
-        with self.timer.span(phase or f"all_reduce_{axis}"):
+        with self.timer.span(phase or f"all_reduce_{axis}", ("all_reduce", axis, t.numel(), False)):
             work = dist.all_reduce(t, group=self.groups.group[axis], async_op=True)
         return Pending(work, t, self.timer)
 
@@ -84,7 +84,7 @@ class Comm:
         if p == 1:
             return Pending(None, shard.detach(), self.timer)
         out = torch.empty(p * shard.numel(), dtype=shard.dtype, device=shard.device)
-        with torch.no_grad(), self.timer.span(f"all_gather_{axis}"):
+        with torch.no_grad(), self.timer.span(f"all_gather_{axis}", ("all_gather", axis, out.numel(), sync)):
             work = _ALL_GATHER(out, shard.detach(), group=self.groups.group[axis], async_op=not sync)
         return Pending(work, out, self.timer)
 
@@ -93,7 +93,7 @@ class Comm:
         if p == 1:
             return Pending(None, full, self.timer)
         out = torch.empty(full.numel() // p, dtype=full.dtype, device=full.device)
-        with torch.no_grad(), self.timer.span(f"reduce_scatter_{axis}"):
+        with torch.no_grad(), self.timer.span(f"reduce_scatter_{axis}", ("reduce_scatter", axis, full.numel(), sync)):
             work = _REDUCE_SCATTER(out, full.detach().contiguous(), group=self.groups.group[axis],
                                    async_op=not sync)
         return Pending(work, out, self.timer)

@@ -105,7 +105,7 @@ class Linear4D(nn.Module):
 
 
 def _gemm(rt: Runtime, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    with rt.timer.span("gemm"):
+    with rt.timer.span("gemm", ("gemm", a.shape[0], b.shape[1], a.shape[1])):
         return a @ b
 
 

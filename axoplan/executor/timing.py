@@ -26,17 +26,24 @@ PHASES = (
 
 
 class PhaseTimer:
-    """Accumulates seconds by phase name; ``enabled=False`` makes every span free."""
+    """Accumulates seconds by phase name; ``enabled=False`` makes every span free.
+
+    With ``trace`` set to a list, every span also appends ``(phase, detail)`` (the op
+    sequence, for ``benchmarks/executor_overhead.py``).
+    """
 
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self.enabled = enabled
+        self.trace: list[tuple[str, tuple[Any, ...]]] | None = None
         self._cuda = device.type == "cuda"
         self._totals: dict[str, float] = defaultdict(float)
         self._events: list[tuple[str, Any, Any]] = []
 
     @contextmanager
-    def span(self, phase: str) -> Iterator[None]:
-        """Time the enclosed code under `phase`."""
+    def span(self, phase: str, detail: tuple[Any, ...] = ()) -> Iterator[None]:
+        """Time the enclosed code under `phase`; `detail` (shapes, sizes) goes to the trace."""
+        if self.trace is not None:
+            self.trace.append((phase, detail))
         if not self.enabled:
             yield
             return

@@ -53,6 +53,7 @@ class RankResult:
     device_name: str
     backend: str
     dtype: str
+    trace: list[tuple[str, tuple]] | None = None  # the last iteration's ops (ExecSettings.trace)
 
 
 def resolve_device(settings: ExecSettings, local_rank: int) -> torch.device:
@@ -112,6 +113,7 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
         last = it == settings.warmup + settings.iterations - 1
         _drill(settings.fault_at(groups.rank, it))
         timer.reset()
+        timer.trace = [] if settings.trace and last else None
         t0 = time.perf_counter()
         loss, snapshot = _step(model, rt, batches, optimizer, scale, collect_grads and last)
         if device.type == "cuda":
@@ -122,9 +124,10 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
         if it >= settings.warmup:
             times.append(elapsed)
             phases.append(timer.collect())
+    trace, timer.trace = timer.trace, None
     iter_s, phase_s = _reduce_timings(rt.comm, times, phases, device)
     return RankResult(groups.rank, losses, iter_s, phase_s, grads, device_name(device),
-                      torch.distributed.get_backend(), str(dtype).removeprefix("torch."))
+                      torch.distributed.get_backend(), str(dtype).removeprefix("torch."), trace)
 
 
 def _axonn_model(plan: LaunchConfig, params: dict[str, torch.Tensor], rt: Runtime, vocab: int,
