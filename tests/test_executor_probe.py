@@ -34,12 +34,12 @@ def test_group_shapes_of_eight_ranks() -> None:
 
 
 def test_plan_gemm_shapes_are_the_local_blocks() -> None:
-    plan = tiny_plan(Layout(2, 1, 2, 1), micro_batch=2)  # m = 2 sequences x 8 tokens; vocab 61 -> 64
+    plan = tiny_plan(Layout(2, 1, 2, 1), micro_batch=2)  # m = 2 sequences x 8 tokens; vocab 61 -> 62 (Gx*Gy)
     shapes = plan_gemm_shapes(plan)
     m = 16
     assert shapes[:3] == [(m, 96, 16), (m, 16, 96), (96, 16, m)]  # qkv: k 32/Gx, n 96/Gy
     assert (m, 16, 32) in shapes  # attn_out (transposed): k 32/Gy = 32, n 32/Gx = 16
-    assert (m, 64, 16) in shapes  # LM head: padded vocab 64 over Gy, hidden 32 over Gx
+    assert (m, 62, 16) in shapes  # LM head: padded vocab 62 over Gy = 1, hidden 32 over Gx
     assert len(shapes) == len(set(shapes))
 
 

@@ -64,13 +64,19 @@ def test_a_dividing_layout_is_runnable() -> None:
 
 @pytest.mark.parametrize(("layout", "model", "message"), [
     (Layout(3, 1, 1, 1), {}, "qkv input features 32 not divisible by Gx=3"),
-    (Layout(1, 1, 5, 1), {}, "qkv weight block 3072 not divisible by Gz=5"),
     (Layout(1, 4, 1, 1), {"num_kv_heads": 2}, "2 KV heads not divisible by Gy=4"),
     (Layout(1, 4, 1, 1), {"ffn_kind": "swiglu", "ffn_hidden": 6}, "mlp_up output features 6 not divisible by Gy=4"),
 ])
 def test_a_layout_that_does_not_divide_the_model_is_refused(layout: Layout, model: dict, message: str) -> None:
     with pytest.raises(AxoplanError, match=message):
         check_runnable(tiny_plan(layout, **model))
+
+
+def test_a_block_gz_does_not_divide_is_padded_natively_but_refused_for_axonn() -> None:
+    plan = tiny_plan(Layout(1, 1, 5, 1))
+    check_runnable(plan)
+    with pytest.raises(AxoplanError, match=r"qkv weight block 3072 not divisible by Gz=5 \(AxoNN's"):
+        check_runnable(plan, engine="axonn")
 
 
 def test_sequences_longer_than_the_learned_positions_are_refused() -> None:
@@ -83,17 +89,16 @@ def test_world_size_mismatch_names_both_sizes() -> None:
         check_world(tiny_plan(Layout(2, 1, 2, 1)), 3, "--local")
 
 
-@pytest.mark.parametrize(("vocab", "sizes", "want"), [(61, (2, 2, 1), 64), (64, (1, 1, 1), 64),
-                                                      (50257, (8, 2, 4), 50304), (1, (2, 3, 1), 6)])
-def test_padded_vocab(vocab: int, sizes: tuple[int, int, int], want: int) -> None:
+@pytest.mark.parametrize(("vocab", "sizes", "want"), [(61, (2, 2), 64), (64, (1, 1), 64), (50257, (8, 2), 50272),
+                                                      (1, (2, 3), 6)])
+def test_padded_vocab(vocab: int, sizes: tuple[int, int], want: int) -> None:
     assert padded_vocab(vocab, *sizes) == want
 
 
-@given(st.integers(1, 200_000), st.integers(1, 16), st.integers(1, 16), st.integers(1, 16))
-def test_padded_vocab_is_the_next_multiple(vocab: int, gx: int, gy: int, gz: int) -> None:
-    v = padded_vocab(vocab, gx, gy, gz)
-    assert v % (gx * gy * gz) == 0 and vocab <= v < vocab + gx * gy * gz
-    assert (v // gy) % gz == 0  # the LM head block splits evenly over Z
+@given(st.integers(1, 200_000), st.integers(1, 16), st.integers(1, 16))
+def test_padded_vocab_is_the_next_multiple(vocab: int, gx: int, gy: int) -> None:
+    v = padded_vocab(vocab, gx, gy)
+    assert v % (gx * gy) == 0 and vocab <= v < vocab + gx * gy
 
 
 def test_fault_drill_parsing() -> None:

@@ -59,6 +59,17 @@ def test_shards_tile_the_weight_once_and_replicas_agree(sizes: tuple[int, int, i
     assert first == full[coords[row_axis] * rows, coords[col_axis] * cols]
 
 
+def test_a_block_gz_does_not_divide_is_zero_padded() -> None:
+    layout = Layout(1, 1, 5, 1)  # 24 x 12 = 288 elements: chunks of 58, the last 56 + 2 zeros
+    full = torch.arange(1, 289, dtype=torch.float32).reshape(24, 12)
+    shards = [to_local("lm_head.weight", full, layout, layout.coords(r)) for r in range(5)]
+    assert [s.numel() for s in shards] == [58] * 5
+    assert torch.equal(torch.cat(shards), torch.cat([full.reshape(-1), torch.zeros(2)]))
+    drawn = local_state(SPECS[0], 61, layout, layout.coords(4), seed=0)["lm_head.weight"]
+    # 61 x 32 = 1952 = 5 x 391 - 3: the last chunk ends in 3 zeros
+    assert drawn.numel() == 391 and torch.all(drawn[-3:] == 0) and torch.all(drawn[:-3] != 0)
+
+
 def test_replicated_parameters_are_whole_everywhere() -> None:
     full = torch.randn(32)
     assert to_local("blocks.1.ln2.bias", full, Layout(2, 2, 2, 1), {"x": 1, "y": 1, "z": 1, "data": 0}) is full

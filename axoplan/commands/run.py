@@ -94,7 +94,7 @@ def run(
 
     config = scale_plan(LaunchConfig.load(plan), Scale(layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab,
                                                        grad_accum=grad_accum))
-    check_runnable(config)
+    check_runnable(config, engine.value)
     settings = make_settings(iterations=iterations, warmup=warmup, timeout_s=timeout, device=device.value,
                             dtype=dtype.value, init=init.value, engine=engine.value, fault=fault)
     out = runs if runs is not None else runs_path(plan)

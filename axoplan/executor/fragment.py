@@ -94,7 +94,7 @@ def plan_gemm_shapes(plan: LaunchConfig) -> list[tuple[int, int, int]]:
     size = {"x": lay.gx, "y": lay.gy}
     m = plan.micro_batch * plan.options.seq_len
     layers = [(lin.k_in, lin.n_out, lin.transposed) for lin in model.block_linears()]
-    layers.append((model.hidden, padded_vocab(model.vocab, lay.gx, lay.gy, lay.gz), False))
+    layers.append((model.hidden, padded_vocab(model.vocab, lay.gx, lay.gy), False))
     shapes: list[tuple[int, int, int]] = []
     for k, n, transposed in layers:
         k_loc, n_loc = (k // size["y"], n // size["x"]) if transposed else (k // size["x"], n // size["y"])

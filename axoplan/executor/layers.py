@@ -94,7 +94,7 @@ class _EmbeddingY(torch.autograd.Function):
         table: Linear4D = ctx.table
         grad = torch.zeros(table.n_loc, table.k_loc, dtype=dout.dtype, device=dout.device)
         grad.index_add_(0, local[inside], dout[inside])
-        return None, table.rt.reducer.reduce(table, grad.reshape(-1)), None
+        return None, table.reduce_grad(grad), None
 
 
 def cross_entropy_y(logits: torch.Tensor, targets: torch.Tensor, head: Linear4D) -> torch.Tensor:

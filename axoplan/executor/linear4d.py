@@ -13,7 +13,9 @@ flattened and split over Z; the parameter is the Z-chunk. Input: ``[m_l, k/G_in]
               dW = dYᵀ · X  → reduce-scatter_Z     (ORS: overlapped with the rest of the backward)
 
 When the out-group has one member and ORS is on, dW goes first so its reduce-scatter
-overlaps the dX GEMM (AxoNN's special case).
+overlaps the dX GEMM (AxoNN's special case). A block whose size Gz does not divide is
+padded with zeros to ``Gz·⌈block/Gz⌉`` (FSDP-style, as the cost model assumes); the
+padding gets zero gradients and stays zero.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from axoplan.executor.groups import Groups
 from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.timing import PhaseTimer
 
-__all__ = ["Runtime", "Linear4D", "block_slice"]
+__all__ = ["Runtime", "Linear4D", "block_slice", "shard_numel"]
 
 
 @dataclass
@@ -66,6 +68,11 @@ class Runtime:
         return block_slice(n, self.groups.size(axis), self.groups.coords[axis])
 
 
+def shard_numel(block: int, gz: int) -> int:
+    """Elements of one Z-chunk of a flattened block: ``⌈block/Gz⌉``."""
+    return -(-block // gz)
+
+
 def block_slice(n: int, parts: int, index: int) -> slice:
     step = n // parts
     return slice(index * step, (index + 1) * step)
@@ -83,7 +90,8 @@ class Linear4D(nn.Module):
         self.in_axis, self.out_axis = ("y", "x") if transposed else ("x", "y")
         self.k_loc = k_in // rt.groups.size(self.in_axis)
         self.n_loc = n_out // rt.groups.size(self.out_axis)
-        if shard.numel() * rt.groups.size("z") != self.k_loc * self.n_loc:
+        self.block_numel = self.k_loc * self.n_loc
+        if shard.numel() != shard_numel(self.block_numel, rt.groups.size("z")):
             raise ValueError(f"{name}: shard of {shard.numel()} elements does not fit a "
                              f"{self.n_loc}x{self.k_loc} block over Gz={rt.groups.size('z')}")
         self.weight = nn.Parameter(shard)
@@ -97,7 +105,13 @@ class Linear4D(nn.Module):
 
     def gathered(self) -> torch.Tensor:
         """The Z-gathered block ``[n_loc, k_loc]``."""
-        return self.rt.gatherer.get(self).view(self.n_loc, self.k_loc)
+        return self.rt.gatherer.get(self)[:self.block_numel].view(self.n_loc, self.k_loc)
+
+    def reduce_grad(self, grad_block: torch.Tensor) -> torch.Tensor | None:
+        """Reduce-scatter the gradient of the whole block over Z (padded like the weight)."""
+        flat = grad_block.reshape(-1)
+        pad = self.weight.numel() * self.rt.groups.size("z") - flat.numel()
+        return self.rt.reducer.reduce(self, torch.nn.functional.pad(flat, (0, pad)) if pad else flat)
 
     def extra_repr(self) -> str:
         kind = "transposed" if self.transposed else "plain"
@@ -131,7 +145,7 @@ class _Linear4DFn(torch.autograd.Function):
         dy = dy.contiguous()
         w = layer.gathered()
         if rt.reducer.overlap and rt.comm.size(layer.out_axis) == 1:
-            grad_shard = rt.reducer.reduce(layer, _gemm(rt, dy.t(), x).reshape(-1))
+            grad_shard = layer.reduce_grad(_gemm(rt, dy.t(), x))
             return _gemm(rt, dy, w), grad_shard, None
         dx = _gemm(rt, dy, w)
         if rt.overlap_all_reduce:
@@ -141,4 +155,4 @@ class _Linear4DFn(torch.autograd.Function):
         else:
             rt.comm.all_reduce(dx, layer.out_axis)
             dw = _gemm(rt, dy.t(), x)
-        return dx, rt.reducer.reduce(layer, dw.reshape(-1)), None
+        return dx, layer.reduce_grad(dw), None

@@ -12,7 +12,8 @@ Two row orders make contiguous blocks over Y carry whole heads and whole gate/up
 rows (``2i`` gate, ``2i+1`` up). The vocabulary is padded (``spec.padded_vocab``).
 
 ``to_local`` is the one definition of what a rank holds: the Z-chunk of its X/Y block of
-a 4D weight, or the whole tensor of a replicated one (norms, biases, positions). The
+a 4D weight (the flattened block zero-padded to a multiple of Gz), or the whole tensor
+of a replicated one (norms, biases, positions). The
 executor initialises from it and the tests cut reference gradients with it.
 """
 
@@ -137,7 +138,9 @@ def to_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, in
     rows, cols = n // layout.size(row_axis), k // layout.size(col_axis)
     r0, c0 = coords[row_axis] * rows, coords[col_axis] * cols
     block = full[r0:r0 + rows, c0:c0 + cols].reshape(-1)
-    return block.chunk(layout.gz)[coords["z"]].clone()
+    chunk = -(-block.numel() // layout.gz)  # zero-padded when Gz does not divide the block
+    padded = torch.nn.functional.pad(block, (0, chunk * layout.gz - block.numel()))
+    return padded[coords["z"] * chunk:(coords["z"] + 1) * chunk].clone()
 
 
 def local_state(spec: ModelSpec, vocab: int, layout: Layout, coords: dict[str, int], seed: int,
@@ -181,9 +184,12 @@ def _draw(name: str, shape: tuple[int, ...], layout: Layout, coords: dict[str, i
             return torch.zeros(shape)
         return std * torch.randn(shape, generator=torch.Generator().manual_seed(_seed(seed, name)))
     n, k = shape
-    numel = n * k // (layout.gx * layout.gy * layout.gz)
-    block = (coords["x"], coords["y"], coords["z"])
-    return std * torch.randn(numel, generator=torch.Generator().manual_seed(_seed(seed, name, *block)))
+    block = n * k // (layout.gx * layout.gy)
+    chunk = -(-block // layout.gz)
+    where = (coords["x"], coords["y"], coords["z"])
+    shard = std * torch.randn(chunk, generator=torch.Generator().manual_seed(_seed(seed, name, *where)))
+    shard[max(0, block - coords["z"] * chunk):] = 0.0  # the padding of the last chunk(s)
+    return shard
 
 
 def _seed(*parts: object) -> int:

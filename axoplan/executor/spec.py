@@ -114,26 +114,30 @@ def _scaled_model(model: ModelSpec, scale: Scale) -> ModelSpec:
         raise AxoplanError(describe_validation_error(err, "scaled model", ModelSpec)) from None
 
 
-def padded_vocab(vocab: int, gx: int, gy: int, gz: int) -> int:
-    """Vocabulary rounded up to a multiple of Gx·Gy·Gz.
+def padded_vocab(vocab: int, gx: int, gy: int) -> int:
+    """Vocabulary rounded up to a multiple of Gx·Gy, as the cost model pads it (Megatron-style).
 
-    The LM head (and the tied embedding) is a plain 4D linear: vocab rows over Y, then the
-    block flattened over Z, so ``V/Gy`` must divide by Gz. The cost model pads to Gx·Gy.
+    The LM head (and the tied embedding) is a plain 4D linear: vocabulary rows over Y.
     """
-    g = gx * gy * gz
+    g = gx * gy
     return -(-vocab // g) * g
 
 
-def check_runnable(plan: LaunchConfig) -> None:
-    """Refuse a plan whose layout does not divide the model (AxoplanError, one line)."""
-    problems = _problems(plan)
+def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
+    """Refuse a plan whose layout does not divide the model (AxoplanError, one line).
+
+    The rules are the planner's (``ranking._checks``): features split over X or Y must
+    divide, KV heads must divide by Gy. A weight block Gz does not divide is padded
+    (native engine); AxoNN's linears need Gz to divide it.
+    """
+    problems = _problems(plan, engine)
     if problems:
         lay = plan.layout.to_layout()
         raise AxoplanError(f"layout {lay} cannot run {plan.model.name}: {'; '.join(problems)} "
                            f"(choose another layout, or scale the model with --hidden/--layers)")
 
 
-def _problems(plan: LaunchConfig) -> list[str]:
+def _problems(plan: LaunchConfig, engine: str) -> list[str]:
     m, lay = plan.model, plan.layout
     size = {"x": lay.gx, "y": lay.gy}
     out: list[str] = []
@@ -144,9 +148,10 @@ def _problems(plan: LaunchConfig) -> list[str]:
             out.append(f"{lin.name} input features {lin.k_in} not divisible by G{k_axis}={size[k_axis]}")
         if n_split % size[n_axis]:
             out.append(f"{lin.name} output features {n_split} not divisible by G{n_axis}={size[n_axis]}")
-        elif lin.k_in % size[k_axis] == 0 and (lin.k_in * lin.n_out // (lay.gx * lay.gy)) % lay.gz:
-            out.append(f"{lin.name} weight block {lin.k_in * lin.n_out // (lay.gx * lay.gy)} not divisible by "
-                       f"Gz={lay.gz}")
+        splits = lin.k_in % size[k_axis] == 0 and n_split % size[n_axis] == 0
+        block = lin.num_params // (lay.gx * lay.gy)
+        if engine == "axonn" and splits and block % lay.gz:
+            out.append(f"{lin.name} weight block {block} not divisible by Gz={lay.gz} (AxoNN's linears do not pad)")
     if m.kv_heads % lay.gy:
         out.append(f"{m.kv_heads} KV heads not divisible by Gy={lay.gy}")
     if m.max_positions and plan.options.seq_len > m.max_positions:

@@ -70,7 +70,7 @@ def resolve_dtype(settings: ExecSettings, device: torch.device) -> torch.dtype:
 
 def plan_vocab(plan: LaunchConfig) -> int:
     lay = plan.layout
-    return padded_vocab(plan.model.vocab, lay.gx, lay.gy, lay.gz)
+    return padded_vocab(plan.model.vocab, lay.gx, lay.gy)
 
 
 def synthetic_tokens(plan: LaunchConfig, seed: int) -> torch.Tensor:
