@@ -51,7 +51,9 @@ def run(
     local: Annotated[int | None, typer.Option(
         "--local", min=1, help="Start N ranks on this machine (gloo on CPU, NCCL on GPUs). Without it, this "
                                "process is one rank of a torchrun or srun job.", show_default=False)] = None,
-    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Timed iterations.")] = 10,
+    iterations: Annotated[int, typer.Option(
+        "--iterations", min=1, envvar="AXOPLAN_ITERATIONS",
+        help="Timed iterations (an exported job script sets AXOPLAN_ITERATIONS).")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
     layers: Annotated[int | None, typer.Option(
         "--layers", min=1, help="Scale down: number of layers.", show_default=False)] = None,
