@@ -49,6 +49,26 @@ def plan_for(sizes: tuple[int, int, int, int]) -> LaunchConfig:
                               micro_batch=MICRO_BATCH, recompute=False, cache_weights=False)
 
 
+def ping_task() -> int:
+    """Rank task: nothing (launch cost)."""
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def launch_costs(sizes: list[int]) -> list[tuple[int, float, float]]:
+    """(ranks, seconds to a first finished task with a new cluster, seconds for the next task)."""
+    rows = []
+    for n in sizes:
+        t0 = time.perf_counter()
+        with LocalCluster(n, timeout_s=120, device="cpu") as cluster:
+            cluster.run("executor_overhead:ping_task")
+            t1 = time.perf_counter()
+            cluster.run("executor_overhead:ping_task")
+            rows.append((n, t1 - t0, time.perf_counter() - t1))
+    return rows
+
+
 def executor_task(plan_json: str, settings_json: str) -> dict[str, Any]:
     """Rank task: run the plan; the reduced timings and this rank's op trace."""
     import torch.distributed as dist
@@ -124,6 +144,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--out", help="also write the rows as JSON")
     args = parser.parse_args()
+    print("launch: ranks, s to the first task's result (new cluster; the first includes the forkserver's "
+          "imports), s for a second task")
+    for n, first, again in launch_costs([2, 4, 8, 4]):
+        print(f"  {n} ranks: {first:.2f} s, then {again:.3f} s")
     rows = []
     with LocalCluster(args.ranks, timeout_s=120, device="cpu") as cluster:
         for sizes in LAYOUTS[args.ranks]:
