@@ -97,6 +97,8 @@ def run(
     config = scale_plan(LaunchConfig.load(plan), Scale(layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab,
                                                        grad_accum=grad_accum))
     check_runnable(config, engine.value)
+    if engine is _Engine.axonn:
+        _require_axonn()
     settings = make_settings(iterations=iterations, warmup=warmup, timeout_s=timeout, device=device.value,
                             dtype=dtype.value, init=init.value, engine=engine.value, fault=fault)
     out = runs if runs is not None else runs_path(plan)
@@ -109,6 +111,15 @@ def run(
         if record is None:
             return
     _finish(out, record)
+
+
+def _require_axonn() -> None:
+    import importlib.util
+
+    from axoplan.errors import AxoplanError
+
+    if importlib.util.find_spec("axonn") is None:
+        raise AxoplanError("--engine axonn needs AxoNN 0.2.0: pip install 'axoplan[axonn]'")
 
 
 def _check_record_path(path: Path) -> None:

@@ -41,6 +41,10 @@ def init_group(rank: int, world_size: int, timeout_s: float, device: str, init_m
 def serve(rank: int, world_size: int, port: int, timeout_s: float, device: str, tasks: Any, results: Any) -> None:
     """Process body of a local rank."""
     try:
+        gpus = torch.cuda.device_count() if device != "cpu" else 0
+        if (device == "cuda" or gpus) and world_size > gpus:
+            raise RuntimeError(f"{world_size} local ranks need {world_size} GPUs, this machine has {gpus}; "
+                               f"use --local {gpus} or --device cpu")
         init_group(rank, world_size, timeout_s, device, f"tcp://127.0.0.1:{port}")
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit
         _report_and_exit(results, rank, f"could not join the process group: {describe_exception(exc)}")
