@@ -172,8 +172,9 @@ def test_record_median_spread_and_other(tmp_path: Path) -> None:
 
 
 def test_cli_start_up_and_executor_front_do_not_import_torch() -> None:
-    code = ("import sys, axoplan, axoplan.cli, axoplan.commands.run, axoplan.executor, axoplan.executor.spec, "
-            "axoplan.executor.launch, axoplan.executor.record; assert 'torch' not in sys.modules, 'torch loaded'")
+    code = ("import sys, axoplan, axoplan.cli, axoplan.commands.run, axoplan.commands.probe, axoplan.executor, "
+            "axoplan.executor.spec, axoplan.executor.launch, axoplan.executor.record, axoplan.executor.fragment; "
+            "assert 'torch' not in sys.modules, 'torch loaded'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
 

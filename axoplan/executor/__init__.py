@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 8 -m axoplan run plan.json      # one process per GPU (NCCL)
 
 Modules (torch is imported only inside this package, and only by the modules that
-need it; ``spec``, ``record`` and ``launch`` can be imported without torch):
+need it; ``spec``, ``record``, ``launch`` and ``fragment`` can be imported without torch):
 
 * ``spec``      run settings, model scale-down, the checks made before start-up
 * ``groups``    the four group families, built from ``Layout.grid()`` (DeviceMesh)
@@ -15,10 +15,12 @@ need it; ``spec``, ``record`` and ``launch`` can be imported without torch):
 * ``layers``    LayerNorm over X, vocab-parallel embedding and cross-entropy over Y
 * ``model``     the GPT-style model made of 4D linears
 * ``reference`` the same model in one process, for the correctness tests
+* ``optim``     Adam and SGD with foreach ops (``torch.optim`` would import torch._dynamo)
 * ``train``     synthetic data, the training step, gradient reduction, timed iterations
 * ``record``    the measured-run record
 * ``launch``    local N-rank launcher (forkserver) and torchrun / srun start-up
 * ``worker``    what each rank runs
-* ``probe``     GEMM and collective measurements as a machine-YAML fragment
+* ``probe``     GEMM and collective measurements on the ranks
+* ``fragment``  what the probe measures, and the machine-YAML fragment it writes
 * ``axonn_backend``  optional mapping of a plan onto ``axonn.init`` and AxoNN's layers
 """
