@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -65,6 +66,11 @@ def test_validate_errors_are_one_line(runs_file: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken.jsonl"
     broken.write_text(runs_file.read_text().splitlines()[0] + "\n{not json\n")
     _one_error_line(run_cli("validate", str(broken)), "broken.jsonl:2: malformed record")
+    stale = tmp_path / "stale.jsonl"
+    record = json.loads(runs_file.read_text().splitlines()[0])
+    record["plan"]["micro_batch"] = 3  # the plan's batch arithmetic no longer adds up
+    stale.write_text(json.dumps(record) + "\n")
+    _one_error_line(run_cli("validate", str(stale)), "stale.jsonl:1 (its plan)", "global batch")
     _one_error_line(run_cli("validate", str(runs_file), "--machine", "frontier"),
                     "runs.jsonl:1: run was recorded on machine 'perlmutter', not 'frontier'")
 

@@ -96,6 +96,7 @@ class Predictor:
         """Every prediction column, plus ``feasible`` and ``reason``, aligned with the plans."""
         out: dict[str, np.ndarray] = {}
         for model, options, world, cands, idx in self._groups:
+            # a group may mix world sizes; the ranking's world size only labels its messages
             ranking = rank_candidates(model, machine, options, world, cands)
             cols = dict(ranking.prediction.columns)
             cols["feasible"] = ranking.reason == 0

@@ -111,8 +111,9 @@ def breakdown(table: pd.DataFrame, max_plans: int = 12, title: str = "") -> Figu
         meas_base += meas
     labels = [f"{r['layout']}\nmbs {r['micro_batch']}" for _, r in rows.iterrows()]
     ax.set_xticks(x, labels, fontsize="small")
-    ax.set(ylabel="s / iteration", title=title or f"predicted (left) vs measured (right, hatched): "
-           f"{rows['model'].iloc[0]}, {rows['world_size'].iloc[0]} GPUs")
+    first = rows.iloc[0]
+    ax.set(ylabel="s / iteration", title=title or f"predicted (left) vs measured (right, hatched): {first['model']}, "
+           f"{first['world_size']} GPUs, batch {first['global_batch']}")
     ax.legend(fontsize="small", ncols=3)
     return fig
 
