@@ -117,6 +117,9 @@ class Machine(Frozen):
     gemm: GemmModel
     attention_efficiency: float = Field(0.45, gt=0, le=1, description="Fraction of peak in flash attention.")
     memory_efficiency: float = Field(0.7, gt=0, le=1, description="Achieved fraction of HBM bandwidth.")
+    launch_floor_us_per_layer: float = Field(
+        100.0, gt=0, description="Host-side floor: one block's forward, recompute and backward for one "
+        "micro-batch never take less (kernel launches of an eager framework), microseconds.")
     measured_bandwidth: tuple[MeasuredBandwidth, ...] = Field(
         (), description="Measured bus bandwidths; when a row matches a group it overrides the theory."
     )

@@ -38,6 +38,8 @@ class RunOptions(Frozen):
     overlap_forward_all_reduce: bool = Field(
         False, description="Split the local batch in two chunks to hide the forward all-reduce."
     )
+    attention: Literal["flash", "unfused"] = Field(
+        "flash", description="Attention kernel: flash (fused) or unfused (scores materialised in HBM).")
     precision: Literal["bf16"] = Field("bf16", description="Weights and activations in bf16 (2 bytes).")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Data-parallel gradient all-reduce dtype (the AxoNN authors' model uses fp32)."

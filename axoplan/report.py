@@ -103,7 +103,8 @@ def format_explain(r: Ranking, i: int) -> str:
         f"Gdata={lay.gdata}, micro-batch {rec['micro_batch']}, {_options_label(rec)}, "
         f"{rec['grad_accum']:.0f} micro-batches per step",
         f"predicted {rec['t_step_s']:.4f} s/iter = compute {rec['t_compute_s']:.4f} s + exposed communication "
-        f"{rec['t_comm_exposed_s']:.4f} s; {rec['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+        f"{rec['t_comm_exposed_s']:.4f} s + host idle {rec['t_host_idle_s']:.4f} s; "
+        f"{rec['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
         f"{rec['pct_peak']:.1f}% of peak (MFU {rec['mfu']:.1f}%)",
     ]
     if rec["reason"]:
@@ -112,6 +113,7 @@ def format_explain(r: Ranking, i: int) -> str:
         ["GEMMs (all linear layers, fwd + recompute + bwd)", f"{rec['t_gemm_s']:.4f}"],
         ["attention and element-wise (redundant over X)", f"{rec['t_nongemm_s']:.4f}"],
         ["optimizer step", f"{rec['t_optimizer_s']:.4f}"],
+        ["host-bound idle (micro-batches below the launch floor)", f"{rec['t_host_idle_s']:.4f}"],
     ], [False, True])]
     lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)", _collectives_table(r, i)]
     mem = r.prediction.memory

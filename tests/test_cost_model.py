@@ -160,6 +160,43 @@ def test_groups_of_one_cost_nothing_and_parts_add_up(sizes):
         assert (col[f"t_comm_{axis}_s"][size == 1] == 0).all()
     assert (col["t_comm_exposed_s"] <= col["t_comm_total_s"] + 1e-12).all()
     assert (col["t_comm_exposed_s"] >= 0).all()
-    assert np.allclose(col["t_step_s"], col["t_compute_s"] + col["t_comm_exposed_s"])
+    assert np.allclose(col["t_step_s"], col["t_compute_s"] + col["t_comm_exposed_s"] + col["t_host_idle_s"])
+    assert (col["t_host_idle_s"] >= 0).all()
     exposed = sum(col[f"t_exposed_{a}_s"] for a in ("x", "y", "z", "data", "world"))
     assert np.allclose(exposed, col["t_comm_exposed_s"])
+
+
+def test_launch_floor_makes_tiny_micro_batches_host_bound():
+    """A micro-batch never takes less than num_layers x launch_floor_us_per_layer."""
+    tiny = ModelSpec(name="tiny", num_layers=2, hidden=64, num_heads=4, vocab=256)
+    opts = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,))
+    machine = load_machine("dgx-h100").model_copy(update={"launch_floor_us_per_layer": 500.0})
+    c = Candidates.single(Layout(1, 1, 1, 8), 1, False, False)
+    col = predict(tiny, machine, opts, c).columns
+    assert col["t_host_idle_s"][0] > 0
+    assert col["t_step_s"][0] - col["t_optimizer_s"][0] - col["t_exposed_data_s"][0] - col["t_exposed_world_s"][0] \
+        == pytest.approx(2 * 500e-6)  # one micro-batch of two layers at the floor
+    big, _ = one(Layout(2, 4, 8, 2))
+    assert big.columns["t_host_idle_s"][0] == 0  # real work hides the floor
+
+
+def test_unfused_attention_costs_score_traffic():
+    """Unfused attention adds mbs·heads/Gy·S² score elements of HBM traffic per layer pass."""
+    flash, _ = one(Layout(2, 4, 8, 2))
+    unfused, _ = one(Layout(2, 4, 8, 2), attention="unfused")
+    extra = unfused.columns["t_nongemm_s"][0] - flash.columns["t_nongemm_s"][0]
+    machine = load_machine("frontier")
+    scores = 2 * (16 / 4) * S**2  # micro-batch 2, 16 heads over Gy = 4
+    per_pass = scores * 12.0 / (machine.device.hbm_bandwidth_gbs * 1e9 * machine.memory_efficiency)
+    n_micro = B / (2 * 8 * 2)
+    assert extra == pytest.approx(n_micro * L * per_pass * 3)  # forward + backward (twice the forward)
+
+
+def test_norm_statistics_are_reduced_over_x_only_when_x_is_split():
+    _, t1 = one(Layout(1, 4, 8, 4))
+    _, t2 = one(Layout(2, 2, 8, 4))
+    assert t1["norms", "forward", "all-reduce"].total_s[0] == 0
+    norms = t2["norms", "forward", "all-reduce"]
+    assert norms.axis == "x" and norms.total_s[0] > 0
+    assert norms.calls_per_step[0] == B / (4 * 8 * 2) * (2 * L + 1)
+    assert t2["loss", "forward", "all-reduce"].axis == "y"

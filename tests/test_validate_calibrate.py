@@ -7,6 +7,7 @@ import pytest
 
 from axoplan.errors import AxoplanError
 from axoplan.validate.calibrate import PARAMETERS, calibrate, parameter_value, split_holdout, with_values
+from axoplan.validate.compare import Predictor
 from tests.validate_helpers import TRUE_VALUES, small_plans, synthetic_runs, theory_machine
 
 START_FACTORS = [1.3, 0.5, 1.5, 0.7, 1.4, 3.0, 0.7, 0.4]  # how far from the truth each fit starts
@@ -16,13 +17,29 @@ def test_fit_recovers_the_parameters_the_runs_were_made_with() -> None:
     truth = with_values(theory_machine(), TRUE_VALUES)
     runs = synthetic_runs(small_plans(), truth)  # 2..16 GPUs on 4-GPU nodes: both link levels are used
     start = with_values(truth, {k: v * f for (k, v), f in zip(TRUE_VALUES.items(), START_FACTORS, strict=True)})
-    result = calibrate(runs, start, holdout=0.3, seed=0)
+    result = calibrate(runs, start, parameters=list(TRUE_VALUES), holdout=0.3, seed=0)
     assert {f.path for f in result.fitted} == set(TRUE_VALUES)
     for f in result.fitted:
         assert f.after == pytest.approx(TRUE_VALUES[f.path], rel=1e-3), f.path
         assert f.before == pytest.approx(parameter_value(start, f.path))
     assert result.holdout_after is not None and result.holdout_before is not None
     assert result.holdout_after.mape_pct < 0.1 < result.holdout_before.mape_pct
+
+
+def test_a_launch_floor_that_binds_is_found_from_far_away() -> None:
+    """The floor acts through max(): least squares sees no slope where it does not bind, so
+    the fit starts from a scan. Truth: a floor that binds for the small micro-batches only."""
+    plans = small_plans()
+    base = with_values(theory_machine(), {**TRUE_VALUES, "launch_floor_us_per_layer": 0.01})
+    per_layer_us = [float(Predictor([p])(base)["t_step_s"][0]) / p.grad_accum_steps / p.model.num_layers * 1e6
+                    for p in plans]
+    floor = float(np.median(per_layer_us))
+    truth = with_values(base, {"launch_floor_us_per_layer": floor})
+    runs = synthetic_runs(plans, truth)
+    start = with_values(truth, {"launch_floor_us_per_layer": 150.0})
+    result = calibrate(runs, start, parameters=["launch_floor_us_per_layer"], holdout=0.0)
+    assert result.fitted[0].after == pytest.approx(floor, rel=1e-2)
+    assert result.train_after.mape_pct < 0.5 < result.train_before.mape_pct
 
 
 def test_noisy_runs_still_land_near_the_truth() -> None:

@@ -45,12 +45,14 @@ def test_shipped_calibrated_cpu_machine_beats_the_uncalibrated_one_on_held_out_p
     assert after.kendall_tau >= 0.40
 
 
-def test_shipped_calibrated_a100_halves_the_held_out_error() -> None:
+def test_shipped_calibrated_a100_beats_vtrain_on_held_out_plans() -> None:
     plans = aggregate(load_runs([VTRAIN]))
     _, hold = split_holdout(len(plans), 0.3, 0)
     predict = Predictor([p.plan for p in plans])
     before = summarize(plan_table(plans, predict(load_machine("dgx-a100"))).iloc[hold])
     after = summarize(plan_table(plans, predict(load_machine("dgx-a100-calibrated"))).iloc[hold])
-    # measured on the 216 held-out plans: MAPE 47.7 % -> 20.2 %, scenario tau 0.71 -> 0.88
-    assert after.mape_pct < 25.0 < 40.0 < before.mape_pct
-    assert after.scenario_tau >= 0.8 and after.best_in_top_k == after.scenarios
+    # measured on the 216 held-out plans: MAPE 37.3 % -> 8.0 % (vTrain's simulator: 8.37 %),
+    # Kendall tau 0.59 -> 0.91; the measured best is in the predicted top 3 in all 61 scenarios
+    assert after.mape_pct < 9.0 and before.mape_pct > 30.0
+    assert after.kendall_tau >= 0.85
+    assert after.scenario_tau >= 0.7 and after.best_in_top_k == after.scenarios

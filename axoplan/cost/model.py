@@ -44,6 +44,7 @@ __all__ = ["CollectiveTerm", "Prediction", "predict"]
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 BYTES = 2.0  # bf16 weights and activations
+UNFUSED_BYTES_PER_SCORE = 12.0  # write QK^T, softmax read+write, dropout mask and apply, read in PV [derived]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +130,7 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
     layers = _layers(model, machine, options, c, groups, tokens)
     n_micro = options.global_batch / (c.gdata * c.gz * c.micro_batch).astype(np.float64)
-    terms = _collective_terms(layers, groups, options, c, model, n_micro)
+    terms = _collective_terms(layers, groups, options, c, model, n_micro, tokens)
     compute = _compute_columns(layers, model, machine, c, n_micro)
     memory = memory_per_gpu(model, options, c)
     columns = _step_columns(model, machine, options, c, terms, compute)
@@ -200,25 +201,35 @@ def _nongemm_fwd_s(
 ) -> dict[str, Floats]:
     """Forward time of work that is not a sharded GEMM, per block (and for the logits).
 
-    Heads are split over Y and tokens over Gdata·Gz; the X members of a group repeat the
-    same work (``axonn.md`` §1.4), so it scales with ``1/(Gdata·Gz·Gy)``, not ``1/G``.
-    Element-wise traffic per token: ``10·H`` (norms, residuals) plus the activation
-    function's ``2·F`` (GeLU) or ``3·F`` (SwiGLU) elements, 2 bytes each.
+    Tokens are split over Gdata·Gz. Heads are split over Y, so attention is repeated by the
+    Gx members of an X group (``axonn.md`` §1.4). The residual stream between blocks is the
+    transposed layers' output ``[m_l, H/Gx]``: norms and residual adds (``10·H`` elements
+    per token) are split over X and repeated over Y; the activation function (``2·F`` GeLU,
+    ``3·F`` SwiGLU) works on ``[m_l, F/Gy]``. 2 bytes per element.
+
+    Flash attention costs ``4·mbs·S²·H/Gy`` flops at ``attention_efficiency``. Unfused
+    attention (Megatron's default without flash) also materialises the scores:
+    ``mbs·(heads/Gy)·S²`` elements, ~``UNFUSED_BYTES_PER_SCORE`` bytes of HBM traffic each.
     """
-    gy = c.gy.astype(np.float64)
+    gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
     attn_flops = 4.0 * c.micro_batch * options.seq_len**2 * model.hidden / gy
+    attention = attention_s(machine, attn_flops)
+    if options.attention == "unfused":
+        scores = c.micro_batch * (model.num_heads / gy) * float(options.seq_len) ** 2
+        attention = attention + memory_bound_s(machine, scores * UNFUSED_BYTES_PER_SCORE)
     act = 3.0 if model.ffn_kind == "swiglu" else 2.0
-    ew_bytes = tokens * (10.0 * model.hidden + act * model.ffn) * BYTES / gy
+    ew_bytes = tokens * (10.0 * model.hidden / gx + act * model.ffn / gy) * BYTES
     logits_bytes = tokens * padded_vocab(model, c) / gy * (2.0 + 4.0 + 4.0)
     return {
-        "attention": attention_s(machine, attn_flops),
+        "attention": attention,
         "elementwise": memory_bound_s(machine, ew_bytes),
         "logits": memory_bound_s(machine, logits_bytes),
     }
 
 
 def _collective_terms(
-    layers: list[_Layer], g: _Groups, options: RunOptions, c: Candidates, model: ModelSpec, n_micro: Floats
+    layers: list[_Layer], g: _Groups, options: RunOptions, c: Candidates, model: ModelSpec, n_micro: Floats,
+    tokens: Floats,
 ) -> list[CollectiveTerm]:
     terms: list[CollectiveTerm] = []
     nonzero = np.zeros_like(n_micro)
@@ -251,11 +262,37 @@ def _collective_terms(
         term("backward", "all-reduce", lay.out_axis, lay.bytes_in, calls, lay.ar_bwd, ar_bwd_exposed)
         term("backward", "reduce-scatter", "z", lay.bytes_block, calls, lay.rs, rs_exp)
         term("step", "all-reduce", "data", lay.bytes_shard, nonzero + lay.count, lay.ar_data, lay.ar_data)
+    terms += _statistics_terms(model, g, c, tokens, n_micro)
     world_bytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes)
     t_world = coll.all_reduce_s(world_bytes, g.size["world"], g.bw["world"], g.lat["world"])
     terms.append(CollectiveTerm("norms+biases", "step", "all-reduce", "world", g.size["world"].astype(np.int64),
                                 g.stride["world"], world_bytes, nonzero + 1.0, g.bw["world"], t_world, t_world))
     return terms
+
+
+def _statistics_terms(
+    model: ModelSpec, g: _Groups, c: Candidates, tokens: Floats, n_micro: Floats
+) -> list[CollectiveTerm]:
+    """Small, latency-bound all-reduces of statistics, all exposed.
+
+    Norms see ``[m_l, H/Gx]``: each of the ``2L + 1`` norms all-reduces two fp32 sums per token
+    over X in the forward (again when recomputed) and two in the backward. The
+    vocabulary-parallel loss all-reduces the max, the sum of exponentials and the target
+    logit (fp32 per token) over Y.
+    """
+    norms = 2.0 * model.num_layers + 1.0
+    rec = c.recompute.astype(np.float64)
+    out = []
+    for layer, phase, axis, nbytes, calls in (
+        ("norms", "forward", "x", tokens * 8.0, n_micro * norms),
+        ("norms", "recompute", "x", tokens * 8.0, n_micro * 2.0 * model.num_layers * rec),
+        ("norms", "backward", "x", tokens * 8.0, n_micro * norms),
+        ("loss", "forward", "y", tokens * 4.0, n_micro * 3.0),
+    ):
+        t = coll.all_reduce_s(nbytes, g.size[axis], g.bw[axis], g.lat[axis])
+        out.append(CollectiveTerm(layer, phase, "all-reduce", axis, g.size[axis].astype(np.int64), g.stride[axis],
+                                  nbytes, calls, g.bw[axis], t, t))
+    return out
 
 
 def _backward_z_exposed(
@@ -279,21 +316,35 @@ def _compute_columns(
     other = sum(lay.count * (lay.extra_fwd * (1 + rec * (i < 4)) + lay.extra_bwd) for i, lay in enumerate(layers))
     params = sharded_params(model, c) + replicated_params(model)
     optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
-    return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
+    return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer,
+            "n_micro": n_micro}
+
+
+def _host_idle_s(
+    model: ModelSpec, machine: Machine, c: Candidates, terms: list[CollectiveTerm], compute: dict[str, Floats]
+) -> Floats:
+    """Time the device waits for the host: a micro-batch never takes less than
+    ``num_layers · launch_floor_us_per_layer`` (eager frameworks launch every kernel from Python)."""
+    per_step = sum(t.exposed_s for t in terms if t.phase == "step")
+    micro_total = compute["t_gemm_s"] + compute["t_nongemm_s"] + sum(t.exposed_s for t in terms) - per_step
+    n_micro = compute["n_micro"]
+    floor = model.num_layers * machine.launch_floor_us_per_layer * 1e-6
+    return n_micro * np.maximum(floor - micro_total / n_micro, 0.0)
 
 
 def _step_columns(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates,
     terms: list[CollectiveTerm], compute: dict[str, Floats],
 ) -> dict[str, Floats]:
-    cols = dict(compute)
+    cols = {k: v for k, v in compute.items() if k != "n_micro"}
     for axis in ("x", "y", "z", "data", "world"):
         cols[f"t_comm_{axis}_s"] = sum(t.total_s for t in terms if t.axis == axis)
         cols[f"t_exposed_{axis}_s"] = sum(t.exposed_s for t in terms if t.axis == axis)
     cols["t_comm_total_s"] = sum(t.total_s for t in terms)
     cols["t_comm_exposed_s"] = sum(t.exposed_s for t in terms)
     cols["t_compute_s"] = compute["t_gemm_s"] + compute["t_nongemm_s"] + compute["t_optimizer_s"]
-    step = cols["t_compute_s"] + cols["t_comm_exposed_s"]
+    cols["t_host_idle_s"] = _host_idle_s(model, machine, c, terms, compute)
+    step = cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_host_idle_s"]
     cols["t_step_s"] = step
     world = c.world_size.astype(np.float64)
     hw = hardware_flops(model, options, c.recompute)

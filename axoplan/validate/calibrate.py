@@ -44,6 +44,7 @@ class Parameter:
     low: float
     high: float
     meaning: str
+    floor: bool = False  # acts through max(): probed over its range, fit started from a 1-D scan
 
 
 PARAMETERS: tuple[Parameter, ...] = (
@@ -55,6 +56,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("intra_node.latency_us", 0.01, 1e5, "collective step latency inside a node, µs"),
     Parameter("inter_node.efficiency", 0.005, 1.0, "fraction of injection bandwidth across nodes"),
     Parameter("inter_node.latency_us", 0.01, 1e5, "collective step latency across nodes, µs"),
+    Parameter("launch_floor_us_per_layer", 0.01, 1e6, "host floor per block and micro-batch, µs", floor=True),
 )
 """What `calibrate` may fit; each bound keeps the machine schema valid."""
 
@@ -134,13 +136,35 @@ def select_parameters(predictor: Predictor, machine: Machine, params: Sequence[P
     seen = []
     for p in params:
         value = parameter_value(machine, p.path)
-        bumped = value * (1 + _SENSITIVITY_STEP)
-        if bumped > p.high:
-            bumped = value / (1 + _SENSITIVITY_STEP)
-        moved = np.log(predictor.step_s(with_values(machine, {p.path: bumped}))) - base
-        if np.abs(moved).max() > _MIN_SENSITIVITY:
-            seen.append(p)
+        for bumped in _probes(p, value):
+            moved = np.log(predictor.step_s(with_values(machine, {p.path: bumped}))) - base
+            if np.abs(moved).max() > _MIN_SENSITIVITY:
+                seen.append(p)
+                break
     return seen
+
+
+def _probes(p: Parameter, value: float) -> list[float]:
+    """Values to try when asking whether the runs constrain `p`."""
+    if p.floor:  # a floor below every run's time moves nothing; it matters once it binds
+        return [v for v in np.geomspace(p.low, p.high, 25) if v != value]
+    bumped = value * (1 + _SENSITIVITY_STEP)
+    return [bumped if bumped <= p.high else value / (1 + _SENSITIVITY_STEP)]
+
+
+def _scan_floors(predictor: Predictor, measured: np.ndarray, machine: Machine, params: Sequence[Parameter],
+                 start: np.ndarray) -> np.ndarray:
+    """Start each floor parameter at the best of a log-spaced scan (least squares sees no slope
+    where a floor does not bind)."""
+    start = start.copy()
+    for i, p in enumerate(params):
+        if not p.floor:
+            continue
+        trials = np.geomspace(p.low, p.high, 49)
+        cost = [float(np.sum(np.log(predictor.step_s(with_values(machine, {p.path: v})) / measured) ** 2))
+                for v in trials]
+        start[i] = np.log(trials[int(np.argmin(cost))])
+    return start
 
 
 def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine,
@@ -148,7 +172,7 @@ def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine,
     low = np.log([p.low for p in params])
     high = np.log([p.high for p in params])
     start = np.log([parameter_value(machine, p.path) for p in params])
-    start = np.clip(start, low + 1e-9, high - 1e-9)
+    start = np.clip(_scan_floors(predictor, measured, machine, params, start), low + 1e-9, high - 1e-9)
     names = [p.path for p in params]
 
     def values(z: np.ndarray) -> dict[str, float]:

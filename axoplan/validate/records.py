@@ -183,7 +183,8 @@ def vtrain_plan(row: Mapping[str, int]) -> LaunchConfig:
     mb = int(row["micro_batch"])
     options = RunOptions(global_batch=int(row["global_batch"]), seq_len=seq, micro_batches=(mb,), recompute="on",
                          cache_weights="off", overlap_all_reduce=False, overlap_reduce_scatter=False,
-                         overlap_all_gather=False, grad_reduce_dtype="bf16")
+                         overlap_all_gather=False, grad_reduce_dtype="bf16",
+                         attention="unfused")
     return LaunchConfig.build(machine=VTRAIN_MACHINE, devices_per_node=VTRAIN_DEVICES_PER_NODE, model=model,
                               options=options, layout=Layout(1, int(row["t"]), 1, int(row["d"])), micro_batch=mb,
                               recompute=True, cache_weights=False)
