@@ -68,7 +68,8 @@ def load_yaml_mapping(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise AxoplanError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text) or {}
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~20x faster
+        data = yaml.load(text, Loader=loader) or {}  # noqa: S506 - a safe loader either way
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

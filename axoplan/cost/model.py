@@ -325,8 +325,8 @@ def _host_idle_s(
 ) -> Floats:
     """Time the device waits for the host: a micro-batch never takes less than
     ``num_layers · launch_floor_us_per_layer`` (eager frameworks launch every kernel from Python)."""
-    per_step = sum(t.exposed_s for t in terms if t.phase == "step")
-    micro_total = compute["t_gemm_s"] + compute["t_nongemm_s"] + sum(t.exposed_s for t in terms) - per_step
+    per_micro = sum(t.exposed_s for t in terms if t.phase != "step")
+    micro_total = compute["t_gemm_s"] + compute["t_nongemm_s"] + per_micro
     n_micro = compute["n_micro"]
     floor = model.num_layers * machine.launch_floor_us_per_layer * 1e-6
     return n_micro * np.maximum(floor - micro_total / n_micro, 0.0)
@@ -337,11 +337,12 @@ def _step_columns(
     terms: list[CollectiveTerm], compute: dict[str, Floats],
 ) -> dict[str, Floats]:
     cols = {k: v for k, v in compute.items() if k != "n_micro"}
+    totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
     for axis in ("x", "y", "z", "data", "world"):
-        cols[f"t_comm_{axis}_s"] = sum(t.total_s for t in terms if t.axis == axis)
-        cols[f"t_exposed_{axis}_s"] = sum(t.exposed_s for t in terms if t.axis == axis)
-    cols["t_comm_total_s"] = sum(t.total_s for t in terms)
-    cols["t_comm_exposed_s"] = sum(t.exposed_s for t in terms)
+        cols[f"t_comm_{axis}_s"] = sum(total for a, total, _ in totals if a == axis)
+        cols[f"t_exposed_{axis}_s"] = sum(exposed for a, _, exposed in totals if a == axis)
+    cols["t_comm_total_s"] = sum(cols[f"t_comm_{a}_s"] for a in ("x", "y", "z", "data", "world"))
+    cols["t_comm_exposed_s"] = sum(cols[f"t_exposed_{a}_s"] for a in ("x", "y", "z", "data", "world"))
     cols["t_compute_s"] = compute["t_gemm_s"] + compute["t_nongemm_s"] + compute["t_optimizer_s"]
     cols["t_host_idle_s"] = _host_idle_s(model, machine, c, terms, compute)
     step = cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_host_idle_s"]
