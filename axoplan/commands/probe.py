@@ -14,25 +14,15 @@ from __future__ import annotations
 import os
 import sys
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from axoplan.commands.choices import Device as _Device
+from axoplan.commands.choices import Dtype as _Dtype
+
 __all__ = ["probe"]
-
-
-class _Device(StrEnum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class _Dtype(StrEnum):
-    auto = "auto"
-    float32 = "float32"
-    bfloat16 = "bfloat16"
 
 
 def probe(

@@ -21,19 +21,10 @@ from typing import Annotated, Any
 
 import typer
 
+from axoplan.commands.choices import Device as _Device
+from axoplan.commands.choices import Dtype as _Dtype
+
 __all__ = ["run"]
-
-
-class _Device(StrEnum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class _Dtype(StrEnum):
-    auto = "auto"
-    float32 = "float32"
-    bfloat16 = "bfloat16"
 
 
 class _Init(StrEnum):
