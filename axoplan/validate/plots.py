@@ -34,7 +34,7 @@ __all__ = ["PARTS", "predicted_vs_measured", "breakdown", "top_layouts", "scalin
 PARTS: tuple[str, ...] = (*PREDICTED_PARTS, "other")
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 _COLORS = dict(zip(PARTS, ("#4c72b0", "#8172b3", "#937860", "#dd8452", "#55a868", "#c44e52", "#da8bc3",
-                           "#8c8c8c", "#cccccc"), strict=True))
+                           "#8c8c8c", "#ccb974", "#cccccc"), strict=True))
 _NONGEMM = {"attention", "elementwise", "nongemm", "non_gemm", "softmax", "norm", "logits", "loss"}
 _AXES = ("x", "y", "z", "data", "world")
 
@@ -138,7 +138,7 @@ def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
     ax.set(ylabel="predicted s / iteration",
            title=f"top {len(feasible)} layouts: {ranking.model.name} on {ranking.world_size} GPUs of "
                  f"{ranking.machine.name}")
-    ax.legend(fontsize="small", ncols=2)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
