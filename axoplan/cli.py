@@ -130,8 +130,9 @@ def _write_new(path: Path, text: str, force: bool) -> None:
 @app.command()
 @user_errors
 def rank(
+    *,
     model: ModelOpt = None,
-    gpus: GpusOpt = 0,
+    gpus: GpusOpt,
     machine: MachineOpt = "frontier",
     global_batch: BatchOpt = 2048,
     seq_len: SeqOpt = 2048,
@@ -189,8 +190,9 @@ def rank(
 @app.command()
 @user_errors
 def explain(
+    *,
     model: ModelOpt = None,
-    gpus: GpusOpt = 0,
+    gpus: GpusOpt,
     machine: MachineOpt = "frontier",
     layout: Annotated[str | None, typer.Option("--layout", "-l", help="Gx x Gy x Gz x Gdata, e.g. 8x2x512x4.")] = None,
     rank_: Annotated[int | None, typer.Option("--rank", "-r", min=1, help="Explain the layout ranked N.")] = None,
