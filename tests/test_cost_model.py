@@ -80,6 +80,8 @@ def test_recompute_pays_forward_twice_unless_cached():
     assert rec["qkv", "recompute", "all-gather"].total_s[0] > 0
     assert cached["qkv", "recompute", "all-gather"].total_s[0] == 0  # cached weights: one gather per micro-batch
     assert cached["qkv", "backward", "all-gather"].total_s[0] == 0
+    for op in ("all-gather", "all-reduce"):  # the LM head sits outside the recomputed blocks
+        assert rec["lm_head", "recompute", op].calls_per_step[0] == 0
 
 
 def test_overlap_flags_hide_and_expose():

@@ -232,42 +232,51 @@ def _collective_terms(
     tokens: Floats,
 ) -> list[CollectiveTerm]:
     terms: list[CollectiveTerm] = []
-    nonzero = np.zeros_like(n_micro)
-    rec = c.recompute.astype(np.float64)
     for i, lay in enumerate(layers):
         prev = layers[i - 1] if i > 0 else layers[3]  # the previous linear in execution order
-        calls = n_micro * lay.count
-        ag_fwd_exposed = np.maximum(lay.ag - prev.compute_fwd, 0.0) if options.overlap_all_gather else lay.ag
-        if options.overlap_forward_all_reduce:
-            ar_fwd_exposed = lay.ar_fwd / 2 + np.maximum(lay.ar_fwd / 2 - lay.t_fwd / 2, 0.0)
-        else:
-            ar_fwd_exposed = lay.ar_fwd
-        ag_bwd = np.where(c.cache_weights, 0.0, lay.ag)
-        ag_rec = np.where(c.cache_weights, 0.0, lay.ag)
-        ag_bwd_exp, rs_exp = _backward_z_exposed(lay, prev, ag_bwd, options)
-        ar_bwd_exposed = np.maximum(lay.ar_bwd - lay.t_dw, 0.0) if options.overlap_all_reduce else lay.ar_bwd
-        ag_rec_exp = np.minimum(ag_fwd_exposed, ag_rec)
-
-        def term(phase: str, op: str, axis: str, nbytes: Floats, k: Floats, t: Floats, e: Floats,
-                 name: str = lay.spec.name) -> None:
-            terms.append(CollectiveTerm(name, phase, op, axis, g.size[axis].astype(np.int64),
-                                        g.stride[axis], nbytes, k, g.bw[axis], t, e))
-
-        term("forward", "all-gather", "z", lay.bytes_block, calls, lay.ag, ag_fwd_exposed)
-        term("forward", "all-reduce", lay.in_axis, lay.bytes_out, calls, lay.ar_fwd, ar_fwd_exposed)
-        term("recompute", "all-gather", "z", lay.bytes_block, calls * rec, ag_rec, ag_rec_exp)
-        term("recompute", "all-reduce", lay.in_axis, lay.bytes_out, calls * rec * (i < 4), lay.ar_fwd,
-             ar_fwd_exposed)
-        term("backward", "all-gather", "z", lay.bytes_block, calls, ag_bwd, ag_bwd_exp)
-        term("backward", "all-reduce", lay.out_axis, lay.bytes_in, calls, lay.ar_bwd, ar_bwd_exposed)
-        term("backward", "reduce-scatter", "z", lay.bytes_block, calls, lay.rs, rs_exp)
-        term("step", "all-reduce", "data", lay.bytes_shard, nonzero + lay.count, lay.ar_data, lay.ar_data)
+        terms += _linear_terms(lay, prev, recomputed=i < 4, g=g, options=options, c=c, n_micro=n_micro)
     terms += _statistics_terms(model, g, c, tokens, n_micro)
-    world_bytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes)
-    t_world = coll.all_reduce_s(world_bytes, g.size["world"], g.bw["world"], g.lat["world"])
-    terms.append(CollectiveTerm("norms+biases", "step", "all-reduce", "world", g.size["world"].astype(np.int64),
-                                g.stride["world"], world_bytes, nonzero + 1.0, g.bw["world"], t_world, t_world))
+    terms.append(_world_term(model, options, g, n_micro))
     return terms
+
+
+def _linear_terms(
+    lay: _Layer, prev: _Layer, *, recomputed: bool, g: _Groups, options: RunOptions, c: Candidates,
+    n_micro: Floats,
+) -> list[CollectiveTerm]:
+    """The eight collectives of one linear layer (table in the module docstring), with their
+    exposed parts. The LM head is not recomputed."""
+    calls = n_micro * lay.count
+    rec = c.recompute.astype(np.float64) * recomputed
+    ag_fwd_exposed = np.maximum(lay.ag - prev.compute_fwd, 0.0) if options.overlap_all_gather else lay.ag
+    if options.overlap_forward_all_reduce:
+        ar_fwd_exposed = lay.ar_fwd / 2 + np.maximum(lay.ar_fwd / 2 - lay.t_fwd / 2, 0.0)
+    else:
+        ar_fwd_exposed = lay.ar_fwd
+    ag_again = np.where(c.cache_weights, 0.0, lay.ag)  # recompute and backward re-gather unless cached
+    ag_bwd_exposed, rs_exposed = _backward_z_exposed(lay, prev, ag_again, options)
+    ar_bwd_exposed = np.maximum(lay.ar_bwd - lay.t_dw, 0.0) if options.overlap_all_reduce else lay.ar_bwd
+    rows = (
+        ("forward", "all-gather", "z", lay.bytes_block, calls, lay.ag, ag_fwd_exposed),
+        ("forward", "all-reduce", lay.in_axis, lay.bytes_out, calls, lay.ar_fwd, ar_fwd_exposed),
+        ("recompute", "all-gather", "z", lay.bytes_block, calls * rec, ag_again,
+         np.minimum(ag_fwd_exposed, ag_again)),
+        ("recompute", "all-reduce", lay.in_axis, lay.bytes_out, calls * rec, lay.ar_fwd, ar_fwd_exposed),
+        ("backward", "all-gather", "z", lay.bytes_block, calls, ag_again, ag_bwd_exposed),
+        ("backward", "all-reduce", lay.out_axis, lay.bytes_in, calls, lay.ar_bwd, ar_bwd_exposed),
+        ("backward", "reduce-scatter", "z", lay.bytes_block, calls, lay.rs, rs_exposed),
+        ("step", "all-reduce", "data", lay.bytes_shard, np.full_like(n_micro, lay.count), lay.ar_data, lay.ar_data),
+    )
+    return [CollectiveTerm(lay.spec.name, phase, op, axis, g.size[axis].astype(np.int64), g.stride[axis], nbytes,
+                           k, g.bw[axis], t, e) for phase, op, axis, nbytes, k, t, e in rows]
+
+
+def _world_term(model: ModelSpec, options: RunOptions, g: _Groups, n_micro: Floats) -> CollectiveTerm:
+    """One all-reduce of the replicated parameters' gradients over the whole world per step."""
+    nbytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes)
+    t = coll.all_reduce_s(nbytes, g.size["world"], g.bw["world"], g.lat["world"])
+    return CollectiveTerm("norms+biases", "step", "all-reduce", "world", g.size["world"].astype(np.int64),
+                          g.stride["world"], nbytes, np.ones_like(n_micro), g.bw["world"], t, t)
 
 
 def _statistics_terms(
