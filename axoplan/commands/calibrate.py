@@ -43,6 +43,8 @@ def calibrate(
     fit is printed for both. The YAML keeps the original's comments, marks the fitted
     lines and records the fit in a header.
     """
+    import sys
+    import time
     from datetime import UTC, datetime
 
     from axoplan.errors import AxoplanError
@@ -60,7 +62,14 @@ def calibrate(
     mach = load_machine(machine)
     check_machine(measured, mach, machine)
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
+    interactive = sys.stderr.isatty()  # progress for a person at a terminal; logs keep one-line errors
+    if interactive:
+        typer.echo(f"fitting {mach.name} to {len(measured)} runs by least squares (a few seconds per hundred "
+                   "plans)...", err=True)
+    started = time.perf_counter()
     result = fit(measured, mach, names, holdout, seed, top_k)
+    if interactive:
+        typer.echo(f"fitted in {time.perf_counter() - started:.1f} s", err=True)
     source = _yaml_path(machine)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     shipped = source.resolve().parent == machines_dir().resolve()
