@@ -167,16 +167,16 @@ def rank(
                               heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
     if gpus < 1:
         raise AxoplanError(f"--gpus must be a positive number of GPUs, got {gpus}")
+    if out is not None and out.suffix not in {".csv", ".json"}:
+        raise AxoplanError(f"--out {out} must end in .csv or .json")
     result = do_rank(spec, mach, opts, gpus)
     if out is not None:
         full = [int(i) for i in result.order]
         text = report.format_json(result, full) if out.suffix == ".json" else report.format_csv(result, full)
-        if out.suffix not in {".csv", ".json"}:
-            raise AxoplanError(f"--out {out} must end in .csv or .json")
         _write_new(out, text, force)
     if result.num_feasible == 0 and not infeasible:
         raise AxoplanError(explain_infeasible(result))
-    rows = report._selected(result, top, infeasible)
+    rows = report.selected_rows(result, top, infeasible)
     if fmt is Format.table:
         typer.echo(report.format_table(result, top, infeasible))
     elif fmt is Format.csv:
@@ -223,12 +223,12 @@ def explain(
                               heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden, vocab=vocab)
     if layout is not None and rank_ is not None:
         raise AxoplanError("give --layout or --rank, not both")
+    lay = parse_layout(layout) if layout is not None else None
+    if lay is not None and lay.world_size != gpus:
+        raise AxoplanError(f"layout {lay} uses {lay.world_size} GPUs but --gpus is {gpus}")
     result = do_rank(spec, mach, opts, gpus)
-    if layout is not None:
-        lay = parse_layout(layout)
-        if lay.world_size != gpus:
-            raise AxoplanError(f"layout {lay} uses {lay.world_size} GPUs but --gpus is {gpus}")
-        index = result.index_of(lay, None, None, None)
+    if lay is not None:
+        index = result.index_of(lay)
     else:
         n = rank_ or 1
         if n > result.num_feasible:

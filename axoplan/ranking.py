@@ -65,18 +65,14 @@ class Ranking:
         rec.update({k: float(v[i]) for k, v in self.prediction.columns.items()})
         return rec
 
-    def index_of(self, layout: Layout, micro_batch: int | None, recompute: bool | None,
-                 cache: bool | None) -> int:
-        """Best-ranked candidate with this layout (and the given options, if any)."""
+    def index_of(self, layout: Layout) -> int:
+        """Best-ranked candidate with this layout (its micro-batch and options as searched)."""
         c = self.candidates
         mask = (c.gx == layout.gx) & (c.gy == layout.gy) & (c.gz == layout.gz) & (c.gdata == layout.gdata)
-        for arr, want in ((c.micro_batch, micro_batch), (c.recompute, recompute), (c.cache_weights, cache)):
-            if want is not None:
-                mask &= arr == want
-        hits = [i for i in self.order if mask[i]]
-        if not hits:
-            raise AxoplanError(f"layout {layout} with these options is not among the candidates of "
-                               f"{self.world_size} GPUs; check the sizes multiply to --gpus and the options")
+        hits = self.order[mask[self.order]]
+        if hits.size == 0:
+            raise AxoplanError(f"layout {layout} is not among the candidates of {self.world_size} GPUs; "
+                               "check that its sizes multiply to --gpus")
         return int(hits[0])
 
 

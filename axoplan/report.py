@@ -13,7 +13,7 @@ import numpy as np
 from axoplan.cost.model import CollectiveTerm
 from axoplan.ranking import Ranking
 
-__all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table"]
+__all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table", "selected_rows"]
 
 _GB = 1e9
 
@@ -37,7 +37,8 @@ def _options_label(rec: dict[str, Any]) -> str:
     return ",".join(parts)
 
 
-def _selected(r: Ranking, top: int, infeasible: bool) -> list[int]:
+def selected_rows(r: Ranking, top: int, infeasible: bool) -> list[int]:
+    """Indices of the top feasible candidates (or of the top infeasible ones)."""
     feasible = r.reason[r.order] == 0
     chosen = r.order[~feasible] if infeasible else r.order[feasible]
     return [int(i) for i in chosen[:top]]
@@ -53,7 +54,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
     if infeasible:
         headers.append("why infeasible")
     rows = []
-    for n, i in enumerate(_selected(r, top, infeasible), start=1):
+    for n, i in enumerate(selected_rows(r, top, infeasible), start=1):
         rec = r.row(i)
         cells = [str(n), *(str(rec[k]) for k in ("gx", "gy", "gz", "gdata", "micro_batch")), _options_label(rec),
                  f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",

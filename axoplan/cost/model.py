@@ -133,7 +133,7 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     terms = _collective_terms(layers, groups, options, c, model, n_micro, tokens)
     compute = _compute_columns(layers, model, machine, c, n_micro)
     memory = memory_per_gpu(model, options, c)
-    columns = _step_columns(model, machine, options, c, terms, compute)
+    columns = _step_columns(model, machine, options, c, terms, compute, n_micro)
     return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)
 
 
@@ -325,27 +325,25 @@ def _compute_columns(
     other = sum(lay.count * (lay.extra_fwd * (1 + rec * (i < 4)) + lay.extra_bwd) for i, lay in enumerate(layers))
     params = sharded_params(model, c) + replicated_params(model)
     optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
-    return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer,
-            "n_micro": n_micro}
+    return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
 
 
 def _host_idle_s(
-    model: ModelSpec, machine: Machine, c: Candidates, terms: list[CollectiveTerm], compute: dict[str, Floats]
+    model: ModelSpec, machine: Machine, terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats
 ) -> Floats:
     """Time the device waits for the host: a micro-batch never takes less than
     ``num_layers · launch_floor_us_per_layer`` (eager frameworks launch every kernel from Python)."""
     per_micro = sum(t.exposed_s for t in terms if t.phase != "step")
     micro_total = compute["t_gemm_s"] + compute["t_nongemm_s"] + per_micro
-    n_micro = compute["n_micro"]
     floor = model.num_layers * machine.launch_floor_us_per_layer * 1e-6
     return n_micro * np.maximum(floor - micro_total / n_micro, 0.0)
 
 
 def _step_columns(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates,
-    terms: list[CollectiveTerm], compute: dict[str, Floats],
+    terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats,
 ) -> dict[str, Floats]:
-    cols = {k: v for k, v in compute.items() if k != "n_micro"}
+    cols = dict(compute)
     totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
     for axis in ("x", "y", "z", "data", "world"):
         cols[f"t_comm_{axis}_s"] = sum(total for a, total, _ in totals if a == axis)
@@ -353,7 +351,7 @@ def _step_columns(
     cols["t_comm_total_s"] = sum(cols[f"t_comm_{a}_s"] for a in ("x", "y", "z", "data", "world"))
     cols["t_comm_exposed_s"] = sum(cols[f"t_exposed_{a}_s"] for a in ("x", "y", "z", "data", "world"))
     cols["t_compute_s"] = compute["t_gemm_s"] + compute["t_nongemm_s"] + compute["t_optimizer_s"]
-    cols["t_host_idle_s"] = _host_idle_s(model, machine, c, terms, compute)
+    cols["t_host_idle_s"] = _host_idle_s(model, machine, terms, compute, n_micro)
     step = cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_host_idle_s"]
     cols["t_step_s"] = step
     world = c.world_size.astype(np.float64)
@@ -361,5 +359,5 @@ def _step_columns(
     cols["tflops_per_gpu"] = hw / step / world / 1e12
     cols["pct_peak"] = 100.0 * hw / step / world / machine.peak_flops
     cols["mfu"] = 100.0 * model_flops(model, options) / step / world / machine.peak_flops
-    cols["grad_accum"] = options.global_batch / (c.gdata * c.gz * c.micro_batch).astype(np.float64)
+    cols["grad_accum"] = n_micro
     return cols
