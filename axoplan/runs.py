@@ -39,6 +39,7 @@ class MeasuredRun(Frozen):
     torch_version: str = ""
     backend: str = ""
     device_name: str = ""
+    dtype: str = Field("", description="Parameter and activation dtype of the run (float32 on CPU, bfloat16 on GPU).")
     world_size: PositiveInt
     nodes: PositiveInt = 1
     source: str = Field("axoplan-executor", description="What produced the record.")

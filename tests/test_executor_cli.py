@@ -23,12 +23,13 @@ def test_run_appends_one_record_of_the_scaled_plan(tmp_path: Path) -> None:
     done = run_cli("run", str(tmp_path / "plan.json"), "--local", "4", "--warmup", "1", "--layers", "1",
                    "--timeout", "30", env={"AXOPLAN_ITERATIONS": "2"})  # as an exported job script sets it
     assert done.returncode == 0, done.stderr
-    assert "s/iteration" in done.stdout and "all_gather_z" in done.stdout
+    assert "s/iteration" in done.stdout and "all_gather_z" in done.stdout and ", float32\n" in done.stdout
     [record] = list(read_runs(tmp_path / "runs.jsonl"))
     as_run = scale_plan(plan, Scale(layers=1))
     assert record.plan == as_run and record.plan_id == as_run.plan_id != plan.plan_id
     assert record.plan.model.num_layers == 1 and record.plan.layout == plan.layout
-    assert (record.world_size, record.nodes, record.iterations, record.backend) == (4, 1, 2, "gloo")
+    assert (record.world_size, record.nodes, record.iterations, record.backend, record.dtype) == \
+        (4, 1, 2, "gloo", "float32")
     assert record.t_step_s > 0 and record.phase_s["gemm"] > 0 and record.phase_s["all_reduce_x"] > 0
 
 

@@ -171,7 +171,7 @@ def _summary(record: Any) -> str:
 
     plan = record.plan
     head = (f"plan {record.plan_id}: {plan.model.name}, layout {plan.layout.to_layout()}, {record.world_size} "
-            f"ranks on {record.nodes} node(s), {record.backend} on {record.device_name}\n"
+            f"ranks on {record.nodes} node(s), {record.backend} on {record.device_name}, {record.dtype}\n"
             f"{record.t_step_s:.4f} s/iteration (std {record.t_step_std_s:.4f}) over {record.iterations} "
             f"iterations after {record.warmup} warm-up")
     total = sum(record.phase_s.values()) or 1.0

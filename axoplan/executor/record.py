@@ -42,7 +42,8 @@ def build_record(plan: LaunchConfig, settings: ExecSettings, result: _Result, to
         plan_id=plan.plan_id, plan=plan, measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         t_step_s=t_step, t_step_std_s=statistics.pstdev(times) if len(times) > 1 else 0.0,
         iterations=settings.iterations, warmup=settings.warmup, phase_s=phases, torch_version=torch_version,
-        backend=result.backend, device_name=result.device_name, world_size=plan.world_size, nodes=nodes,
+        backend=result.backend, device_name=result.device_name, dtype=result.dtype,
+        world_size=plan.world_size, nodes=nodes,
     )
 
 
