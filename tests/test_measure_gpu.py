@@ -1,0 +1,55 @@
+"""`benchmarks/measure_gpu.py` rehearsed on CPU ranks: the GPU measurement is one command that works.
+
+The script is what a session or user with a GPU node runs for issue 4's item 7; here it
+runs its every step (probe, every layout of 1 and 2 ranks, environment, validate) with
+gloo and a tiny model, so the only untested part left is the device itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from axoplan.runs import read_runs
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.distributed
+
+TINY = ["--layers", "1", "--hidden", "64", "--heads", "4", "--seq-len", "16", "--vocab", "128"]
+
+
+def _measure(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "benchmarks/measure_gpu.py", "--machine", "dgx-h100", "--out", str(out), "--device", "cpu",
+           "--gpus", "2", "--reps", "1", "--iterations", "1", "--warmup", "1", *TINY, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    done = _measure(out)
+    assert done.returncode == 0, done.stderr
+    records = list(read_runs(out / "runs.jsonl"))
+    layouts = sorted(str(r.plan.layout.to_layout()) for r in records)
+    assert layouts == ["1x1x1x1", "1x1x1x2", "1x1x2x1", "1x2x1x1", "2x1x1x1"]  # every layout of 1 and 2 ranks
+    assert {(r.backend, r.dtype, r.plan.machine, r.plan.model.hidden) for r in records} == \
+        {("gloo", "float32", "dgx-h100", 64)}
+    fragment = yaml.safe_load((out / "probe.yaml").read_text())
+    assert fragment["gemm"]["table"] and fragment["measured_bandwidth"]
+    env = json.loads((out / "environment.json").read_text())
+    assert (env["ranks"], env["backend"], env["machine_yaml"]) == (2, "gloo", "dgx-h100")
+    assert env["started"] <= env["finished"] and "--gpus 2" in env["command"]
+    assert "MAPE" in done.stdout and "5 plans measured on dgx-h100" in done.stdout
+
+
+def test_an_existing_output_is_never_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    out.mkdir()
+    (out / "runs.jsonl").write_text("mine\n")
+    done = _measure(out, "--no-probe")
+    assert done.returncode != 0 and "exists; choose another --out" in done.stderr
+    assert (out / "runs.jsonl").read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == ["runs.jsonl"]
