@@ -83,14 +83,35 @@ def worst_gradient_error(plan: LaunchConfig, results: list[Any], ref_grads: dict
     return worst
 
 
-def group_ranks_task(gx: int, gy: int, gz: int, gdata: int) -> dict[str, list[int]]:
-    """This rank's DeviceMesh group members along each axis."""
+def group_ranks_task(gx: int, gy: int, gz: int, gdata: int, native: bool) -> dict[str, list[int]]:
+    """This rank's group members along each axis, from the mesh's own lookup by dimension name."""
     import torch.distributed as dist
 
     from axoplan.executor.groups import build_groups
 
-    groups = build_groups(Layout(gx, gy, gz, gdata), "cpu", 30.0)
-    return {axis: dist.get_process_group_ranks(groups.group[axis]) for axis in ("x", "y", "z", "data")}
+    groups = build_groups(Layout(gx, gy, gz, gdata), "cpu", 30.0, native=native)
+    assert groups.mesh.mesh_dim_names == ("data", "z", "y", "x")
+    return {axis: dist.get_process_group_ranks(groups.mesh.get_group(axis)) for axis in ("x", "y", "z", "data")}
+
+
+def silent_peer_task(native: bool, timeout_s: float) -> tuple[str, float]:
+    """On a 2x1x1x2 mesh, rank 1 comes late to an X all-reduce; how each rank's call ends, and when."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from axoplan.executor.groups import build_groups
+
+    groups = build_groups(Layout(2, 1, 1, 2), "cpu", timeout_s, native=native)
+    t0 = time.perf_counter()
+    if groups.rank == 1:
+        time.sleep(3 * timeout_s)  # then arrive late, so that without the timeout rank 0 ends "done", not hung
+    try:
+        dist.all_reduce(torch.ones(4), group=groups.group["x"])
+    except RuntimeError as exc:
+        return f"failed: {exc}"[:200], time.perf_counter() - t0
+    return "done", time.perf_counter() - t0
 
 
 def axonn_cpu_shim() -> None:

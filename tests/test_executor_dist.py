@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from axoplan.executor.groups import has_backend_override
 from axoplan.executor.launch import LocalCluster, RankFailure
 from axoplan.executor.reference import to_local
 from axoplan.executor.spec import ExecSettings
@@ -49,6 +50,11 @@ def _check(cluster: LocalCluster, plan: LaunchConfig, settings: ExecSettings | N
     assert ref_losses[1] < ref_losses[0]  # the step was applied the same way on every shard
     assert worst_gradient_error(plan, results, ref_grads) < GRAD_ATOL
 
+
+# DeviceMesh's own groups need torch >= 2.9 (backend_override); CI runs 2.13, so both paths run there
+NATIVE_ONLY_ON_NEW_TORCH = pytest.mark.skipif(not has_backend_override(), reason="torch < 2.9: no backend_override")
+MESH_PATHS = [pytest.param(True, id="device-mesh-groups", marks=NATIVE_ONLY_ON_NEW_TORCH),
+              pytest.param(False, id="groups-wrapped-for-torch-before-2.9")]
 
 CASES_4 = {
     "x2y2-plain-no-overlap": tiny_plan(Layout(2, 2, 1, 1)),
@@ -115,16 +121,28 @@ def test_eight_ranks_match_single_process(eight: LocalCluster, case: str) -> Non
     _check(eight, CASES_8[case])
 
 
+@pytest.mark.parametrize("native", MESH_PATHS)
 @pytest.mark.parametrize("sizes", [(2, 2, 2, 1), (1, 2, 1, 4), (2, 1, 2, 2), (8, 1, 1, 1)])
-def test_device_mesh_groups_are_the_planners(eight: LocalCluster, sizes: tuple[int, int, int, int]) -> None:
+def test_device_mesh_groups_are_the_planners(eight: LocalCluster, sizes: tuple[int, int, int, int],
+                                             native: bool) -> None:
     layout = Layout(*sizes)
-    got = eight.run("tests.executor_helpers:group_ranks_task", *sizes)
+    got = eight.run("tests.executor_helpers:group_ranks_task", *sizes, native)
     for rank, groups in enumerate(got):
         coords = layout.coords(rank)
         for axis, members in groups.items():
             rows = [list(map(int, row)) for row in layout.groups(axis)]
             assert members in rows and rank in members
             assert all(layout.coords(m)[a] == coords[a] for m in members for a in coords if a != axis)
+
+
+@pytest.mark.parametrize("native", MESH_PATHS)
+def test_mesh_groups_carry_the_run_timeout(native: bool) -> None:
+    """Not torch's 30-minute default: a silent X peer fails its partner's all-reduce after the timeout."""
+    with LocalCluster(4, timeout_s=30) as cluster:
+        results = cluster.run("tests.executor_helpers:silent_peer_task", native, 2.0)
+    outcome, seconds = results[0]
+    assert outcome.startswith("failed:") and 1.5 < seconds < 5.0, results[0]
+    assert results[2][0] == results[3][0] == "done"  # the other X group is not held up
 
 
 def test_record_of_a_run(four: LocalCluster) -> None:

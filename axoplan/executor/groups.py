@@ -8,11 +8,15 @@ part in creating every group).
 
 DeviceMesh creates its subgroups with torch's 30-minute default timeout unless it is
 given backend options, so the options carry the run's timeout (measured: without them a
-peer that never arrives blocks the X group for as long as the peer lives).
+peer that never arrives blocks the X group for as long as the peer lives). Torch before
+2.9 has no ``backend_override``; there the groups are made here, with the timeout, and
+wrapped with ``DeviceMesh.from_group`` (torch >= 2.4), so every supported torch gets the
+same groups, names and timeouts.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from axoplan.layout import AXES, Layout
 
-__all__ = ["Groups", "build_groups"]
+__all__ = ["Groups", "build_groups", "has_backend_override"]
 
 
 @dataclass(frozen=True)
@@ -44,16 +48,21 @@ class Groups:
         return all(self.coords[a] == 0 for a in redundant_axes)
 
 
-def build_groups(layout: Layout, device_type: str, timeout_s: float) -> Groups:
-    """Create the mesh for `layout` over the default process group and check its rank order."""
+MESH_DIMS = ("data", "z", "y", "x")
+
+
+def build_groups(layout: Layout, device_type: str, timeout_s: float, native: bool | None = None) -> Groups:
+    """Create the mesh for `layout` over the default process group and check its rank order.
+
+    `native`: DeviceMesh makes the groups (needs ``backend_override``, torch >= 2.9), or
+    they are made here and wrapped; None picks the first where torch has it.
+    """
     world = dist.get_world_size()
     if world != layout.world_size:
         raise RuntimeError(f"process group has {world} ranks, layout {layout} needs {layout.world_size}")
     rank = dist.get_rank()
-    backend = dist.get_backend()
-    override = tuple((backend, _options(backend, timeout_s)) for _ in range(4))
-    mesh = DeviceMesh(device_type, torch.from_numpy(layout.grid()), mesh_dim_names=("data", "z", "y", "x"),
-                      backend_override=override)
+    native = has_backend_override() if native is None else native
+    mesh = _native_mesh(layout, device_type, timeout_s) if native else _wrapped_mesh(layout, device_type, timeout_s)
     groups = {axis: mesh.get_group(axis) for axis in AXES}
     coords = layout.coords(rank)
     for axis in AXES:
@@ -63,6 +72,28 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float) -> Groups:
             raise RuntimeError(f"DeviceMesh group {axis} of rank {rank} is {got}, the planner's order says {want}")
     groups["world"] = dist.group.WORLD
     return Groups(layout, rank, coords, groups, mesh)
+
+
+def has_backend_override() -> bool:
+    """Whether this torch's DeviceMesh takes per-dimension backend options (torch >= 2.9)."""
+    return "backend_override" in inspect.signature(DeviceMesh.__init__).parameters
+
+
+def _native_mesh(layout: Layout, device_type: str, timeout_s: float) -> DeviceMesh:
+    backend = dist.get_backend()
+    override = tuple((backend, _options(backend, timeout_s)) for _ in MESH_DIMS)
+    return DeviceMesh(device_type, torch.from_numpy(layout.grid()), mesh_dim_names=MESH_DIMS,
+                      backend_override=override)
+
+
+def _wrapped_mesh(layout: Layout, device_type: str, timeout_s: float) -> DeviceMesh:
+    """Every group of every axis made with the timeout (each rank takes part in all), then wrapped."""
+    mine = []
+    for axis in MESH_DIMS:
+        rows = [[int(r) for r in row] for row in layout.groups(axis)]
+        group, _ = dist.new_subgroups_by_enumeration(rows, timeout=timedelta(seconds=timeout_s))
+        mine.append(group)
+    return DeviceMesh.from_group(mine, device_type, mesh=torch.from_numpy(layout.grid()), mesh_dim_names=MESH_DIMS)
 
 
 def _row(layout: Layout, axis: str, coords: dict[str, int]) -> int:
