@@ -6,19 +6,20 @@ On a node with N GPUs (one is enough) this does, in order:
 
 1. ``axoplan probe --local N --machine MACHINE -o OUT/probe.yaml``: GEMM efficiency table
    (bf16) and the collectives' bus bandwidth for every group shape of N ranks (NCCL);
-2. for every power of two w <= N and every ordered layout Gx x Gy x Gz x Gdata of w
-   ranks, ``axoplan run plan.json --local w`` of one GPT model, --reps times, appending
-   one measured-run record each to ``OUT/runs.jsonl``;
+2. for every --hidden size, every power of two w <= N and every ordered layout
+   Gx x Gy x Gz x Gdata of w ranks, ``axoplan run plan.json --local w`` of a GPT model,
+   --reps times, appending one measured-run record each to ``OUT/runs.jsonl`` (on one
+   GPU the hidden sizes are what varies: GEMM shapes, hence efficiency);
 3. writes ``OUT/environment.json``: device, GPU count, torch / CUDA / NCCL versions, host,
    start and end time and the command line, i.e. where and how the data was taken;
 4. prints ``axoplan validate OUT/runs.jsonl`` against MACHINE.
 
 Nothing in OUT is overwritten: the script stops if OUT/runs.jsonl or OUT/probe.yaml exists.
-The default model (4 layers, hidden 4096, 32 heads, sequence 2048, global batch 8,
-micro-batch 1) is about 1 B parameters: it fits one 40 GB GPU at the executor's 8 bytes
-per parameter and each run takes seconds. ``--device cpu --gpus 2`` with a tiny model
-(``--layers 1 --hidden 64 --heads 4 --seq-len 16 --vocab 128``) runs the same steps on
-CPU ranks with gloo; the tests do that.
+The default models (4 layers, hidden 2048 and 4096, head dimension 128, sequence 2048,
+global batch 8, micro-batch 1) have up to about 1 B parameters: they fit one 40 GB GPU at
+the executor's 8 bytes per parameter and each run takes seconds. ``--device cpu --gpus 2``
+with a tiny model (``--layers 1 --hidden 64 --head-dim 16 --seq-len 16 --vocab 128``)
+runs the same steps on CPU ranks with gloo; the tests do that.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from axoplan.options import RunOptions
 from axoplan.plan import LaunchConfig
 
 
-def plans(args: argparse.Namespace, world: int, devices_per_node: int) -> list[LaunchConfig]:
-    """One plan per ordered layout of `world` ranks of the model the arguments describe."""
-    model = ModelSpec(name=f"gpt-l{args.layers}-h{args.hidden}", num_layers=args.layers, hidden=args.hidden,
-                      num_heads=args.heads, vocab=args.vocab, max_positions=args.seq_len,
+def plans(args: argparse.Namespace, hidden: int, world: int, devices_per_node: int) -> list[LaunchConfig]:
+    """One plan per ordered layout of `world` ranks of the model of width `hidden`."""
+    model = ModelSpec(name=f"gpt-l{args.layers}-h{hidden}", num_layers=args.layers, hidden=hidden,
+                      num_heads=hidden // args.head_dim, vocab=args.vocab, max_positions=args.seq_len,
                       source="benchmarks/measure_gpu.py")
     options = RunOptions(global_batch=args.global_batch, seq_len=args.seq_len, micro_batches=(1,),
                          recompute="off", cache_weights="off")
@@ -85,8 +86,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--hidden", default="2048,4096", help="comma-separated model widths")
+    parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--global-batch", type=int, default=8)
@@ -107,7 +108,8 @@ def main() -> None:
         subprocess.run(axoplan("probe", "--local", str(gpus), "--machine", args.machine, "-o", str(probe), *device),
                        check=True)
     per_node = load_machine(args.machine).devices_per_node
-    todo = [p for w in _powers_of_two(gpus) for p in plans(args, w, per_node)]
+    widths = [int(h) for h in args.hidden.split(",")]
+    todo = [p for h in widths for w in _powers_of_two(gpus) for p in plans(args, h, w, per_node)]
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             for i, plan in enumerate(todo, start=1):

@@ -118,3 +118,19 @@ def test_probe_with_four_gloo_ranks(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     again = run_cli("probe", "--local", "4", "--machine", "local-cpu", "-o", str(out))
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.distributed
+def test_probe_on_one_rank_writes_the_gemm_table_and_keeps_the_machines_bandwidth(tmp_path: Path) -> None:
+    """One GPU is the smallest probe (issue 4, item 7): no collective group, so no bandwidth rows to merge."""
+    out = tmp_path / "probe.yaml"
+    done = run_cli("probe", "--local", "1", "--machine", "frontier", "--gemm-sizes", "64,128", "--repeats", "2",
+                   "--device", "cpu", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    fragment = yaml.safe_load(out.read_text())
+    assert "measured_bandwidth" not in fragment and "form no group" in out.read_text()
+    assert len(fragment["gemm"]["table"]) == 8  # every (m, n, k) of {64, 128}
+    base = yaml.safe_load((machines_dir() / "frontier.yaml").read_text())
+    machine = Machine.model_validate(merge_fragment(base, fragment))
+    assert machine.measured_bandwidth == load_machine("frontier").measured_bandwidth
+    assert [(p.m, p.n, p.k) for p in machine.gemm.table][:2] == [(64, 64, 64), (64, 64, 128)]

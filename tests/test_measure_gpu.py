@@ -20,7 +20,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.distributed
 
-TINY = ["--layers", "1", "--hidden", "64", "--heads", "4", "--seq-len", "16", "--vocab", "128"]
+TINY = ["--layers", "1", "--hidden", "32,64", "--head-dim", "16", "--seq-len", "16", "--vocab", "128"]
 
 
 def _measure(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -34,16 +34,19 @@ def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: P
     done = _measure(out)
     assert done.returncode == 0, done.stderr
     records = list(read_runs(out / "runs.jsonl"))
-    layouts = sorted(str(r.plan.layout.to_layout()) for r in records)
-    assert layouts == ["1x1x1x1", "1x1x1x2", "1x1x2x1", "1x2x1x1", "2x1x1x1"]  # every layout of 1 and 2 ranks
-    assert {(r.backend, r.dtype, r.plan.machine, r.plan.model.hidden) for r in records} == \
-        {("gloo", "float32", "dgx-h100", 64)}
+    every_layout = ["1x1x1x1", "1x1x1x2", "1x1x2x1", "1x2x1x1", "2x1x1x1"]  # of 1 and 2 ranks
+    for hidden in (32, 64):
+        mine = [r for r in records if r.plan.model.hidden == hidden]
+        assert sorted(str(r.plan.layout.to_layout()) for r in mine) == every_layout
+        assert {r.plan.model.num_heads for r in mine} == {hidden // 16}
+    assert len(records) == 10
+    assert {(r.backend, r.dtype, r.plan.machine) for r in records} == {("gloo", "float32", "dgx-h100")}
     fragment = yaml.safe_load((out / "probe.yaml").read_text())
     assert fragment["gemm"]["table"] and fragment["measured_bandwidth"]
     env = json.loads((out / "environment.json").read_text())
     assert (env["ranks"], env["backend"], env["machine_yaml"]) == (2, "gloo", "dgx-h100")
     assert env["started"] <= env["finished"] and "--gpus 2" in env["command"]
-    assert "MAPE" in done.stdout and "5 plans measured on dgx-h100" in done.stdout
+    assert "MAPE" in done.stdout and "10 plans measured on dgx-h100" in done.stdout
 
 
 def test_an_existing_output_is_never_overwritten(tmp_path: Path) -> None:

@@ -156,8 +156,7 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
         "# collectives: all groups of one (stride, size) at once; per call the slowest member, median of the "
         "repeats; bandwidth_gbs = median over all-reduce, all-gather, reduce-scatter of the bus bandwidth at "
         "the largest message",
-        "measured_bandwidth:",
-        *_bandwidth_lines(result),
+        *_bandwidth_block(result),
         "gemm:",
         f"  max_efficiency: {_num(max_eff)}         # fitted to the table below",
         f"  half_efficiency_dim: {_num(half)}",
@@ -167,6 +166,14 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
         note = f"  # {raw * peak_tflops:.4g} TFLOP/s" + (" (above the assumed peak: capped at 1)" if raw > 1 else "")
         lines.append(f"    - {{m: {m}, n: {n}, k: {k}, efficiency: {_num(max(e, 1e-6))}}}{note}")
     return "\n".join(lines) + "\n"
+
+
+def _bandwidth_block(result: ProbeResult) -> list[str]:
+    """The ``measured_bandwidth`` rows; none on one rank, and then no key (a merge keeps the machine's)."""
+    if not result.collectives:
+        return [f"# no measured_bandwidth: {result.world_size} rank(s) form no group of two or more; "
+                "probe with more ranks to measure collectives"]
+    return ["measured_bandwidth:", *_bandwidth_lines(result)]
 
 
 def _bandwidth_lines(result: ProbeResult) -> list[str]:
