@@ -139,8 +139,15 @@ def axonn_cpu_shim() -> None:
                 handle.wait()
         overlap_communication.handles = []
 
+    def all_gather(tensor_list: list[Any], tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        # AxoNN puts its Parameter in its own output slot; gloo in torch 2.4 writes every slot on
+        # its own thread, where grad mode is on, and refuses the in-place write to a leaf
+        return original_all_gather([t.detach() for t in tensor_list], tensor.detach(), *args, **kwargs)
+
+    original_all_gather = dist.all_gather
     new_group._axoplan_shim = True  # type: ignore[attr-defined]
     dist.new_group = new_group
+    dist.all_gather = all_gather
     torch.cuda.set_device = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a, **k: None
