@@ -157,6 +157,25 @@ def test_sgd_step_by_hand() -> None:
     torch.testing.assert_close(p.detach(), torch.tensor([0.95, -2.025]))
 
 
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_bf16_parameters_keep_updates_below_their_rounding_step(kind: str) -> None:
+    """bf16 has a step of 2^-7 at 1.0; 100 updates of 1e-4 vanish there but add up in the fp32 master.
+
+    SGD with g = 1: each update is lr = 1e-4; Adam with a constant gradient: m̂/sqrt(v̂) = 1,
+    so also 1e-4 per step. After 100 steps the master is 0.99; bf16 rounds that to 0.98828125.
+    """
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    flat = torch.nn.Parameter(torch.ones(3))  # float32: its own master, updated in place
+    opt = Optimizer([p, flat], kind, lr=1e-4)
+    for _ in range(100):
+        p.grad, flat.grad = torch.ones(3, dtype=torch.bfloat16), torch.ones(3)
+        opt.step()
+    assert p.dtype == torch.bfloat16 and torch.all(p.detach() == torch.tensor(0.98828125, dtype=torch.bfloat16))
+    torch.testing.assert_close(flat.detach(), torch.full((3,), 0.99), rtol=0, atol=1e-5)  # fp32 sums: ~2e-6 off
+    one = torch.ones((), dtype=torch.bfloat16)
+    assert one - 1e-4 == one  # the premise: applied to the bf16 value itself, every update would vanish
+
+
 def test_phase_timer_accumulates_and_resets() -> None:
     timer = PhaseTimer(torch.device("cpu"))
     for _ in range(2):
