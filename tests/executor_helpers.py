@@ -94,7 +94,7 @@ def group_ranks_task(gx: int, gy: int, gz: int, gdata: int, native: bool) -> dic
     return {axis: dist.get_process_group_ranks(groups.mesh.get_group(axis)) for axis in ("x", "y", "z", "data")}
 
 
-def silent_peer_task(native: bool, timeout_s: float) -> tuple[str, float]:
+def late_peer_task(native: bool, timeout_s: float) -> tuple[str, float]:
     """On a 2x1x1x2 mesh, rank 1 comes late to an X all-reduce; how each rank's call ends, and when."""
     import time
 

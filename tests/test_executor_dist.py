@@ -88,7 +88,7 @@ def test_bfloat16_run_matches_the_float32_reference(four: LocalCluster, grad_red
     """The GPU's precision on CPU: bf16 weights and activations, the gradient reduced in either dtype.
 
     bf16 keeps 8 bits of mantissa (relative step 2^-8 = 0.4 %); seen on this case: losses
-    within 5e-5 relative, every gradient within 1.1 % of the float32 one (relative L2 norm).
+    within 7e-5 relative, every gradient within 1.2 % of the float32 one (relative L2 norm).
     """
     plan = tiny_plan(Layout(2, 1, 2, 1), oar=True, ors=True, oag=True, fwd=True, recompute=True, micro_batch=2,
                      hidden=64, grad_reduce_dtype=grad_reduce_dtype)
@@ -139,7 +139,7 @@ def test_device_mesh_groups_are_the_planners(eight: LocalCluster, sizes: tuple[i
 def test_mesh_groups_carry_the_run_timeout(native: bool) -> None:
     """Not torch's 30-minute default: a peer 6 s late fails its X partner's all-reduce after the 2 s timeout."""
     with LocalCluster(4, timeout_s=30) as cluster:
-        results = cluster.run("tests.executor_helpers:silent_peer_task", native, 2.0)
+        results = cluster.run("tests.executor_helpers:late_peer_task", native, 2.0)
     outcome, seconds = results[0]
     # failed (not "done" when the late peer arrived at 6 s), and only after waiting the 2 s timeout
     assert outcome.startswith("failed:") and 1.5 < seconds < 6.0, results[0]

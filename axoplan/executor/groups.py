@@ -98,7 +98,7 @@ def _wrapped_mesh(layout: Layout, device_type: str, timeout_s: float) -> DeviceM
 
 def _row(layout: Layout, axis: str, coords: dict[str, int]) -> int:
     """Index of this rank's group in ``layout.groups(axis)`` (the other axes, d-major)."""
-    others = [a for a in ("data", "z", "y", "x") if a != axis]
+    others = [a for a in MESH_DIMS if a != axis]
     index = 0
     for a in others:
         index = index * layout.size(a) + coords[a]
