@@ -8,6 +8,7 @@ its peers are then blocked in, or about to enter, a collective with it, and the 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -23,7 +24,8 @@ from axoplan.executor.spec import ExecSettings
 from axoplan.executor.train import run_rank
 from axoplan.plan import LaunchConfig
 
-__all__ = ["serve", "init_group", "run_plan_task", "run_in_process", "train_task"]
+__all__ = ["serve", "init_group", "run_plan_task", "run_in_process", "train_task", "leave_group",
+           "native_thread_names"]
 
 
 def init_group(rank: int, world_size: int, timeout_s: float, device: str, init_method: str | None = None,
@@ -57,7 +59,7 @@ def serve(rank: int, world_size: int, port: int, timeout_s: float, device: str, 
                 traceback.print_exc(file=sys.stderr)
             _report_and_exit(results, rank, describe_exception(exc))
         results.put((rank, "ok", out))
-    dist.destroy_process_group()
+    leave_group()
 
 
 def _report_and_exit(results: Any, rank: int, cause: str) -> None:
@@ -84,8 +86,42 @@ def run_in_process(plan_json: str, settings_json: str, env: DistEnv) -> str | No
     init_group(env.rank, env.world_size, settings.timeout_s, settings.device, "env://", env.local_rank)
     result = run_rank(plan, settings, local_rank=env.local_rank)
     record = build_record(plan, settings, result, torch.__version__, nodes=env.nodes) if env.rank == 0 else None
-    dist.destroy_process_group()
+    del result
+    leave_group()
     return record.model_dump_json() if record is not None else None
+
+
+def leave_group() -> None:
+    """Destroy every process group while the interpreter is fully alive, joining gloo's threads.
+
+    A run leaves its process groups in reference cycles (model, runtime, gatherer, groups), so
+    ``destroy_process_group`` alone only unregisters them: each group's worker threads live on
+    until the garbage collector or interpreter shutdown frees the group. A worker thread that
+    drops the last reference to a finished collective's tensor must take the GIL to free it;
+    during ``Py_FinalizeEx`` that ends the thread with a forced unwind, and C++ calls
+    ``std::terminate`` ("terminate called without an active exception", SIGABRT), so torchrun
+    kills rank 0 before it writes its record. Collecting the cycles first lets the destroy drop
+    the last reference to every group, whose destructor joins its threads here.
+    """
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def native_thread_names() -> list[str]:
+    """Names of this process's OS threads (Linux ``/proc``; empty elsewhere), for the shutdown tests."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                names.append(fh.read().strip())
+        except OSError:
+            continue
+    return sorted(names)
 
 
 def train_task(plan_json: str, settings_json: str) -> tuple[list[float], dict[str, Any], dict[str, int]]:
