@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.axes import AXIS_DEFS, DEFAULT_ORDER, strides
 from axoplan.layout import Layout, ordered_factorizations
 from axoplan.options import RunOptions
 
@@ -18,7 +19,10 @@ Bools = npt.NDArray[np.bool_]
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
-    """Row i is one candidate: a layout, a per-GPU micro-batch, recompute and caching."""
+    """Row i is one candidate: a layout, a per-GPU micro-batch, recompute and caching.
+
+    `order` is the rank order every row shares (innermost axis first, ``axoplan.axes``).
+    """
 
     gx: Ints
     gy: Ints
@@ -27,6 +31,7 @@ class Candidates:
     micro_batch: Ints
     recompute: Bools
     cache_weights: Bools
+    order: tuple[str, ...] = DEFAULT_ORDER
 
     @classmethod
     def enumerate(cls, world_size: int, options: RunOptions) -> Candidates:
@@ -44,19 +49,28 @@ class Candidates:
         def one(v: object, dtype: type) -> npt.NDArray:
             return np.array([v], dtype=dtype)
 
-        return cls(one(layout.gx, np.int64), one(layout.gy, np.int64), one(layout.gz, np.int64),
-                   one(layout.gdata, np.int64), one(micro_batch, np.int64), one(recompute, bool),
-                   one(cache_weights, bool))
+        sizes = (one(layout.size(a.name), np.int64) for a in AXIS_DEFS)
+        return cls(*sizes, one(micro_batch, np.int64), one(recompute, bool), one(cache_weights, bool),
+                   order=layout.order)
 
     def __len__(self) -> int:
         return int(self.gx.size)
 
     def take(self, index: npt.ArrayLike) -> Candidates:
         """The candidates at `index` (an int array or boolean mask)."""
-        return Candidates(*(getattr(self, f.name)[index] for f in fields(self)))
+        arrays = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "order"}
+        return replace(self, **arrays)
 
     def layout(self, i: int) -> Layout:
-        return Layout(int(self.gx[i]), int(self.gy[i]), int(self.gz[i]), int(self.gdata[i]))
+        return Layout(*(int(getattr(self, a.field)[i]) for a in AXIS_DEFS), order=self.order)
+
+    def sizes(self) -> dict[str, Ints]:
+        """Each axis's group size per candidate, by axis name."""
+        return {a.name: getattr(self, a.field) for a in AXIS_DEFS}
+
+    def strides(self) -> dict[str, Ints]:
+        """Each axis's group stride per candidate, in this table's rank order."""
+        return strides(self.sizes(), self.order)
 
     @property
     def world_size(self) -> Ints:

@@ -1,87 +1,115 @@
-"""4D layouts, the rank order, and the enumeration of every layout of G GPUs.
+"""4D layouts and the enumeration of every layout of G GPUs.
 
-Vocabulary: an *axis* is a parallel axis (x, y, z, data); a *dim* is a tensor dimension.
-Rank order (AxoNN ``communication.py``): X innermost, then Y, then Z, then data::
+Vocabulary: an *axis* is a parallel axis (x, y, z, data; defined once in
+:mod:`axoplan.axes`); a *dim* is a tensor dimension. A layout holds one size per axis and
+its rank order (default AxoNN's, X innermost, then Y, Z, data)::
 
     rank = ((d·Gz + z)·Gy + y)·Gx + x
 
-A group's *stride* is the product of the sizes inside it: X 1, Y Gx, Z Gx·Gy,
-data Gx·Gy·Gz. Stride, size and devices per node decide the group's placement.
+A group's *stride* is the product of the sizes inside it in that order: by default X 1,
+Y Gx, Z Gx·Gy, data Gx·Gy·Gz. Stride, size and devices per node decide the group's
+placement (``docs/algorithm.md`` §3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims
 from axoplan.errors import AxoplanError
 
-__all__ = ["AXES", "Layout", "divisors", "ordered_factorizations", "parse_layout"]
-
-AXES: Final = ("x", "y", "z", "data")  # fastest-varying rank first
+__all__ = ["AXES", "DEFAULT_ORDER", "Layout", "divisors", "ordered_factorizations", "parse_layout"]
 
 IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """One decomposition ``Gx × Gy × Gz × Gdata`` of the world."""
+    """One decomposition ``Gx × Gy × Gz × Gdata`` of the world, with its rank order."""
 
     gx: int
     gy: int
     gz: int
     gdata: int
+    order: tuple[str, ...] = DEFAULT_ORDER  # innermost (fastest-varying) axis first
 
     def __post_init__(self) -> None:
         bad = {a: v for a, v in zip(AXES, self.sizes, strict=True) if v < 1}
         if bad:
             raise AxoplanError(f"layout sizes must be >= 1, got {bad}")
+        try:
+            object.__setattr__(self, "order", check_order(self.order))
+        except ValueError as exc:
+            raise AxoplanError(str(exc)) from None
 
     @property
     def sizes(self) -> tuple[int, int, int, int]:
+        """Sizes in the written order (Gx, Gy, Gz, Gdata), whatever the rank order."""
         return (self.gx, self.gy, self.gz, self.gdata)
 
     @property
     def world_size(self) -> int:
         return self.gx * self.gy * self.gz * self.gdata
 
-    def stride(self, axis: str) -> int:
-        """Rank distance between neighbours of a group along `axis`."""
-        i = AXES.index(axis)
-        return int(np.prod(self.sizes[:i], dtype=np.int64))
-
     def size(self, axis: str) -> int:
         return self.sizes[AXES.index(axis)]
 
+    def stride(self, axis: str) -> int:
+        """Rank distance between neighbours of a group along `axis`."""
+        i = self.order.index(axis)
+        return int(np.prod([self.size(a) for a in self.order[:i]], dtype=np.int64))
+
+    @property
+    def mesh_dims(self) -> tuple[str, ...]:
+        """DeviceMesh dimension names of `grid()`'s dimensions, outermost first."""
+        return mesh_dims(self.order)
+
+    def _shape(self) -> tuple[int, ...]:
+        return tuple(self.size(a) for a in reversed(self.order))
+
     def grid(self) -> IntArray:
-        """Global rank at index ``[d, z, y, x]``; the one definition of rank order."""
-        return np.arange(self.world_size, dtype=np.int64).reshape(self.gdata, self.gz, self.gy, self.gx)
+        """Global rank at index ``[outermost, ..., innermost]`` (``[d, z, y, x]`` by default);
+        the one definition of rank order."""
+        return np.arange(self.world_size, dtype=np.int64).reshape(self._shape())
 
     def groups(self, axis: str) -> IntArray:
-        """``(world_size // g, g)`` array: each row lists the ranks of one group along `axis`."""
-        k = ("data", "z", "y", "x").index(axis)
+        """``(world_size // g, g)`` array: each row lists the ranks of one group along `axis`.
+
+        Rows are ordered by the other axes' coordinates, outermost first."""
+        k = tuple(reversed(self.order)).index(axis)
         grid = self.grid()
         return np.moveaxis(grid, k, -1).reshape(-1, grid.shape[k])
 
+    def group_row(self, axis: str, coords: dict[str, int]) -> int:
+        """Index of the row of `groups(axis)` that holds the rank with these coordinates."""
+        index = 0
+        for a in reversed(self.order):
+            if a != axis:
+                index = index * self.size(a) + coords[a]
+        return index
+
     def coords(self, rank: int) -> dict[str, int]:
         """The (x, y, z, data) coordinates of a global rank."""
-        d, z, y, x = (int(v) for v in np.unravel_index(rank, (self.gdata, self.gz, self.gy, self.gx)))
-        return {"x": x, "y": y, "z": z, "data": d}
+        values = np.unravel_index(rank, self._shape())
+        by_axis = {a: int(v) for a, v in zip(reversed(self.order), values, strict=True)}
+        return {a: by_axis[a] for a in AXES}
 
     def to_axonn_init(self) -> dict[str, int]:
-        """Keyword arguments for ``axonn.init``: the only place the naming map lives.
+        """Keyword arguments for ``axonn.init``, from each axis's ``axonn_init`` name.
 
         AxoNN calls X the column/inner group (``G_intra_c``), Y the row/outer group
-        (``G_intra_r``) and Z the depth group (``G_intra_d``); pipelining is off.
+        (``G_intra_r``) and Z the depth group (``G_intra_d``); pipelining is off
+        (``G_inter`` 1).
         """
-        return {"G_inter": 1, "G_data": self.gdata, "G_intra_r": self.gy, "G_intra_c": self.gx,
-                "G_intra_d": self.gz}
+        named = {a.axonn_init: self.size(a.name) for a in AXIS_DEFS}
+        return {"G_inter": 1, "G_data": named["G_data"], "G_intra_r": named["G_intra_r"],
+                "G_intra_c": named["G_intra_c"], "G_intra_d": named["G_intra_d"]}
 
     def __str__(self) -> str:
-        return f"{self.gx}x{self.gy}x{self.gz}x{self.gdata}"
+        return "x".join(str(v) for v in self.sizes)
 
 
 def parse_layout(text: str) -> Layout:

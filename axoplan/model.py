@@ -1,8 +1,11 @@
 """Transformer models: presets, custom specs, and the linear layers the 4D algorithm shards.
 
-A block has four linear layers (``axonn.md`` §1.4): QKV and MLP-up are *plain* (input
-features over X, output features over Y); attention-out and MLP-down are *transposed*
-(the roles of X and Y swap), so one layer's output layout is the next one's input.
+A block has four linear layers (``docs/algorithm.md`` §1): QKV and MLP-up are *plain*
+(input features over X, output features over Y); attention-out and MLP-down are
+*transposed* (the roles of X and Y swap), so one layer's output layout is the next one's
+input. Each layer is data (:class:`LinearLayer`): its role, shape, axes and whether full
+recompute runs it again; the cost model, the feasibility rules and the executor read
+these fields, never a layer's position.
 
 Parameter counts follow the usual decomposition (Narayanan et al., SC'21, eq. 2,
 generalised to grouped-query attention and gated FFNs)::
@@ -15,7 +18,7 @@ generalised to grouped-query attention and gated FFNs)::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -24,21 +27,74 @@ from pydantic import Field, PositiveInt, ValidationError, model_validator
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
-__all__ = ["ModelSpec", "LinearLayer", "PRESETS", "load_model", "parse_param_count"]
+__all__ = ["ModelSpec", "LinearLayer", "BLOCK_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS", "layer_axes", "PRESETS",
+           "load_model", "parse_param_count"]
+
+Role = Literal["attention", "mlp", "head"]
+Feeds = Literal["norm", "attention", "activation"]
 
 
 @dataclass(frozen=True, slots=True)
 class LinearLayer:
-    """One weight matrix of a block: ``n_out × k_in``; ``transposed`` swaps X and Y."""
+    """One 4D-sharded weight matrix ``n_out × k_in``.
+
+    * `role`: the sublayer it belongs to (attention, MLP, or the LM head);
+    * `input`: what it reads: a norm's output, the attention's output, or the MLP's
+      activation (the non-GEMM work that precedes it);
+    * `transposed`: input features over Y and output features over X (``in_axis``,
+      ``out_axis``), instead of X and Y;
+    * `recomputed`: full activation recompute runs its forward again (block layers; not
+      the LM head, which the loss needs once);
+    * `out_chunks`: the output is this many equal parts, each sharded over ``out_axis``
+      on its own (SwiGLU's gate and up projections: 2).
+    """
 
     name: str
-    k_in: int
-    n_out: int
+    role: Role
+    input: Feeds
     transposed: bool
+    recomputed: bool
+    k_in: int = 0
+    n_out: int = 0
+    out_chunks: int = 1
+
+    @property
+    def in_axis(self) -> str:
+        return layer_axes(self.transposed)[0]
+
+    @property
+    def out_axis(self) -> str:
+        return layer_axes(self.transposed)[1]
+
+    @property
+    def kind(self) -> str:
+        return "transposed" if self.transposed else "plain"
 
     @property
     def num_params(self) -> int:
         return self.k_in * self.n_out
+
+    def with_shape(self, k_in: int, n_out: int, out_chunks: int = 1) -> LinearLayer:
+        return replace(self, k_in=k_in, n_out=n_out, out_chunks=out_chunks)
+
+
+BLOCK_LAYERS: tuple[LinearLayer, ...] = (
+    LinearLayer("qkv", "attention", "norm", transposed=False, recomputed=True),
+    LinearLayer("attn_out", "attention", "attention", transposed=True, recomputed=True),
+    LinearLayer("mlp_up", "mlp", "norm", transposed=False, recomputed=True),
+    LinearLayer("mlp_down", "mlp", "activation", transposed=True, recomputed=True),
+)
+"""A block's linear layers in execution order, without shapes (``ModelSpec.block_linears``)."""
+
+HEAD_LAYER = LinearLayer("lm_head", "head", "norm", transposed=False, recomputed=False)
+"""The LM head: vocabulary rows over Y (padded to a multiple of Gx·Gy), run once per micro-batch."""
+
+TRANSPOSED_LAYERS: frozenset[str] = frozenset(lin.name for lin in BLOCK_LAYERS if lin.transposed)
+
+
+def layer_axes(transposed: bool) -> tuple[str, str]:
+    """(input-feature axis, output-feature axis): X, Y for a plain layer; Y, X transposed."""
+    return ("y", "x") if transposed else ("x", "y")
 
 
 class ModelSpec(Frozen):
@@ -78,16 +134,17 @@ class ModelSpec(Frozen):
         return self.ffn_hidden or 4 * self.hidden
 
     def block_linears(self) -> tuple[LinearLayer, ...]:
-        """The four (sharded) weight matrices of one block, in execution order."""
+        """The four (sharded) weight matrices of one block, in execution order, with shapes."""
         h, f = self.hidden, self.ffn
         qkv_out = (self.num_heads + 2 * self.kv_heads) * self.head_dim
-        up_out = 2 * f if self.ffn_kind == "swiglu" else f
-        return (
-            LinearLayer("qkv", h, qkv_out, transposed=False),
-            LinearLayer("attn_out", h, h, transposed=True),
-            LinearLayer("mlp_up", h, up_out, transposed=False),
-            LinearLayer("mlp_down", f, h, transposed=True),
-        )
+        chunks = 2 if self.ffn_kind == "swiglu" else 1
+        shapes = {"qkv": (h, qkv_out, 1), "attn_out": (h, h, 1), "mlp_up": (h, chunks * f, chunks),
+                  "mlp_down": (f, h, 1)}
+        return tuple(lin.with_shape(*shapes[lin.name]) for lin in BLOCK_LAYERS)
+
+    def head_linear(self, vocab: int) -> LinearLayer:
+        """The LM head for a (padded) vocabulary of `vocab` rows."""
+        return HEAD_LAYER.with_shape(self.hidden, vocab)
 
     def unsharded_params_per_block(self) -> int:
         """Norm weights (and biases) that every GPU holds whole; reduced over the world."""

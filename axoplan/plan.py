@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
+from axoplan.axes import AXIS_DEFS, FIELDS
 from axoplan.errors import AxoplanError
 from axoplan.layout import Layout
 from axoplan.model import ModelSpec
@@ -29,15 +30,22 @@ SCHEMA_VERSION = 1
 
 
 class LayoutSpec(Frozen):
-    """``Gx × Gy × Gz × Gdata``."""
+    """``Gx × Gy × Gz × Gdata`` (one field per axis of ``axoplan.axes``, checked by the tests).
+
+    The rank order is AxoNN's default; a plan does not record another yet.
+    """
 
     gx: PositiveInt
     gy: PositiveInt
     gz: PositiveInt
     gdata: PositiveInt
 
+    @classmethod
+    def of(cls, layout: Layout) -> LayoutSpec:
+        return cls.model_validate({a.field: layout.size(a.name) for a in AXIS_DEFS})
+
     def to_layout(self) -> Layout:
-        return Layout(self.gx, self.gy, self.gz, self.gdata)
+        return Layout(*(getattr(self, f) for f in FIELDS))
 
     @property
     def world_size(self) -> int:
@@ -100,7 +108,7 @@ class LaunchConfig(Frozen):
             raise AxoplanError(f"global batch {options.global_batch} is not divisible by Gdata*Gz*micro-batch "
                                f"= {per_micro}")
         nodes = -(-layout.world_size // devices_per_node)
-        spec = LayoutSpec(gx=layout.gx, gy=layout.gy, gz=layout.gz, gdata=layout.gdata)
+        spec = LayoutSpec.of(layout)
         ident = plan_id(machine, model, options, layout, micro_batch, recompute, cache_weights)
         return cls(plan_id=ident, machine=machine, devices_per_node=devices_per_node, model=model, options=options,
                    layout=spec, micro_batch=micro_batch, recompute=recompute, cache_weights=cache_weights,

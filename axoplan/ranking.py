@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.axes import AXIS_DEFS
 from axoplan.candidates import Candidates
 from axoplan.cost.model import Prediction, predict
 from axoplan.errors import AxoplanError
@@ -56,8 +57,8 @@ class Ranking:
     def row(self, i: int) -> dict[str, Any]:
         """Candidate i as a flat, JSON-friendly record."""
         c = self.candidates
-        rec: dict[str, Any] = {
-            "gx": int(c.gx[i]), "gy": int(c.gy[i]), "gz": int(c.gz[i]), "gdata": int(c.gdata[i]),
+        rec: dict[str, Any] = {a.field: int(getattr(c, a.field)[i]) for a in AXIS_DEFS}
+        rec |= {
             "micro_batch": int(c.micro_batch[i]), "recompute": bool(c.recompute[i]),
             "cache_weights": bool(c.cache_weights[i]), "feasible": bool(self.reason[i] == 0),
             "reason": self.reason_text(i),
@@ -68,7 +69,7 @@ class Ranking:
     def index_of(self, layout: Layout) -> int:
         """Best-ranked candidate with this layout (its micro-batch and options as searched)."""
         c = self.candidates
-        mask = (c.gx == layout.gx) & (c.gy == layout.gy) & (c.gz == layout.gz) & (c.gdata == layout.gdata)
+        mask = np.logical_and.reduce([getattr(c, a.field) == layout.size(a.name) for a in AXIS_DEFS])
         hits = self.order[mask[self.order]]
         if hits.size == 0:
             raise AxoplanError(f"layout {layout} is not among the candidates of {self.world_size} GPUs; "

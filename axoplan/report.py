@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from axoplan.axes import AXIS_DEFS, FIELDS, LABELS
 from axoplan.cost.model import CollectiveTerm
+from axoplan.layout import Layout
 from axoplan.ranking import Ranking
 
 __all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table", "selected_rows"]
@@ -49,14 +51,14 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
             f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
-    headers = ["rank", "Gx", "Gy", "Gz", "Gdata", "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
+    headers = ["rank", *LABELS, "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
                "exposed comm s", "mem GB/GPU"]
     if infeasible:
         headers.append("why infeasible")
     rows = []
     for n, i in enumerate(selected_rows(r, top, infeasible), start=1):
         rec = r.row(i)
-        cells = [str(n), *(str(rec[k]) for k in ("gx", "gy", "gz", "gdata", "micro_batch")), _options_label(rec),
+        cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "micro_batch")), _options_label(rec),
                  f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
                  f"{rec['t_comm_exposed_s']:.3f}", f"{rec['mem_total_bytes'] / _GB:.1f}"]
         if infeasible:
@@ -64,7 +66,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
         rows.append(cells)
     if not rows:
         return head + "\n(no rows)"
-    right = [True] * 6 + [False] + [True] * 5 + ([False] if infeasible else [])
+    right = [True] * (len(LABELS) + 2) + [False] + [True] * 5 + ([False] if infeasible else [])
     return head + "\n\n" + text_table(headers, rows, right)
 
 
@@ -95,13 +97,18 @@ def format_json(r: Ranking, rows: Sequence[int]) -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
+def _sizes_label(lay: Layout) -> str:
+    """'Gx=4 Gy=8 Gz=512 Gdata=2'."""
+    return " ".join(f"{a.label}={lay.size(a.name)}" for a in AXIS_DEFS)
+
+
 def format_explain(r: Ranking, i: int) -> str:
     """Every collective, the compute and the memory of candidate i."""
     rec = r.row(i)
     lay = r.candidates.layout(i)
     lines = [
-        f"{r.model.name} on {r.world_size} x {r.machine.name}: layout Gx={lay.gx} Gy={lay.gy} Gz={lay.gz} "
-        f"Gdata={lay.gdata}, micro-batch {rec['micro_batch']}, {_options_label(rec)}, "
+        f"{r.model.name} on {r.world_size} x {r.machine.name}: layout {_sizes_label(lay)}, "
+        f"micro-batch {rec['micro_batch']}, {_options_label(rec)}, "
         f"{rec['grad_accum']:.0f} micro-batches per step",
         f"predicted {rec['t_step_s']:.4f} s/iter = compute {rec['t_compute_s']:.4f} s + exposed communication "
         f"{rec['t_comm_exposed_s']:.4f} s + host idle {rec['t_host_idle_s']:.4f} s; "

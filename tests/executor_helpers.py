@@ -83,14 +83,15 @@ def worst_gradient_error(plan: LaunchConfig, results: list[Any], ref_grads: dict
     return worst
 
 
-def group_ranks_task(gx: int, gy: int, gz: int, gdata: int, native: bool) -> dict[str, list[int]]:
+def group_ranks_task(gx: int, gy: int, gz: int, gdata: int, native: bool,
+                     order: tuple[str, ...] = ("x", "y", "z", "data")) -> dict[str, list[int]]:
     """This rank's group members along each axis, from the mesh's own lookup by dimension name."""
     import torch.distributed as dist
 
     from axoplan.executor.groups import build_groups
 
-    groups = build_groups(Layout(gx, gy, gz, gdata), "cpu", 30.0, native=native)
-    assert groups.mesh.mesh_dim_names == ("data", "z", "y", "x")
+    groups = build_groups(Layout(gx, gy, gz, gdata, order=tuple(order)), "cpu", 30.0, native=native)
+    assert groups.mesh.mesh_dim_names == tuple(reversed(order))
     return {axis: dist.get_process_group_ranks(groups.mesh.get_group(axis)) for axis in ("x", "y", "z", "data")}
 
 

@@ -136,6 +136,21 @@ def test_device_mesh_groups_are_the_planners(eight: LocalCluster, sizes: tuple[i
 
 
 @pytest.mark.parametrize("native", MESH_PATHS)
+@pytest.mark.parametrize("order", [("y", "x", "z", "data"), ("z", "x", "y", "data"), ("data", "z", "y", "x")])
+def test_a_permuted_rank_order_gives_the_device_meshs_groups(eight: LocalCluster, order: tuple[str, ...],
+                                                             native: bool) -> None:
+    """The planner's groups for another rank order are the ones DeviceMesh builds for that order."""
+    layout = Layout(2, 2, 2, 1, order=order)
+    got = eight.run("tests.executor_helpers:group_ranks_task", 2, 2, 2, 1, native, order)
+    for rank, groups in enumerate(got):
+        coords = layout.coords(rank)
+        for axis, members in groups.items():
+            assert members == layout.groups(axis)[layout.group_row(axis, coords)].tolist()
+    default = Layout(2, 2, 2, 1)
+    assert any(layout.groups(a).tolist() != default.groups(a).tolist() for a in ("x", "y", "z"))
+
+
+@pytest.mark.parametrize("native", MESH_PATHS)
 def test_mesh_groups_carry_the_run_timeout(native: bool) -> None:
     """Not torch's 30-minute default: a peer 6 s late fails its X partner's all-reduce after the 2 s timeout."""
     with LocalCluster(4, timeout_s=30) as cluster:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from axoplan.axes import AXES, AXIS_DEFS, DEFAULT_ORDER
 from axoplan.candidates import Candidates
 from axoplan.errors import AxoplanError
 from axoplan.layout import Layout, divisors, ordered_factorizations, parse_layout
@@ -101,3 +103,57 @@ def test_parse_layout():
     for bad in ("8x4x16", "axbxcxd", "8x4x0x2"):
         with pytest.raises(AxoplanError):
             parse_layout(bad)
+
+
+ORDERS = st.permutations(AXES)
+
+
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), ORDERS)
+def test_any_rank_order_is_one_value(gx: int, gy: int, gz: int, gd: int, order: list[str]):
+    """Rank = mixed-radix number in `order` (innermost first); groups vary only their own coordinate."""
+    lay = Layout(gx, gy, gz, gd, order=tuple(order))
+    for rank in range(lay.world_size):
+        coords = lay.coords(rank)
+        assert rank == sum(coords[a] * lay.stride(a) for a in AXES)
+        for axis in AXES:
+            row = lay.groups(axis)[lay.group_row(axis, coords)].tolist()
+            assert rank in row
+            assert [lay.coords(r)[axis] for r in row] == list(range(lay.size(axis)))
+            assert all(lay.coords(r)[a] == coords[a] for r in row for a in AXES if a != axis)
+    inside = 1
+    for axis in order:
+        assert lay.stride(axis) == inside
+        inside *= lay.size(axis)
+    assert lay.mesh_dims == tuple(reversed(order))
+
+
+def test_default_order_is_axonns():
+    assert DEFAULT_ORDER == ("x", "y", "z", "data")
+    assert Layout(2, 3, 4, 5).mesh_dims == ("data", "z", "y", "x")
+    assert Layout(2, 3, 4, 5, order=("y", "x", "z", "data")).stride("x") == 3
+
+
+def test_a_rank_order_that_is_not_a_permutation_is_refused():
+    with pytest.raises(AxoplanError, match="not a permutation"):
+        Layout(2, 2, 1, 1, order=("x", "x", "z", "data"))
+
+
+@given(ORDERS)
+@settings(max_examples=12)
+def test_vectorised_strides_are_each_layouts(order: list[str]):
+    """The candidate table's strides (one array per axis) equal each layout's own strides."""
+    c = Candidates.enumerate(24, RunOptions(micro_batches=(1,), recompute="off", cache_weights="off"))
+    c = dataclasses.replace(c, order=tuple(order))
+    strides = c.strides()
+    for i in range(len(c)):
+        lay = c.layout(i)
+        assert lay.order == tuple(order)
+        assert {a: int(strides[a][i]) for a in AXES} == {a: lay.stride(a) for a in AXES}
+
+
+def test_plan_fields_and_table_headers_follow_the_axes():
+    from axoplan.plan import LayoutSpec
+
+    assert tuple(LayoutSpec.model_fields) == tuple(a.field for a in AXIS_DEFS)
+    assert LayoutSpec.of(Layout(2, 3, 4, 5)).to_layout() == Layout(2, 3, 4, 5)
+    assert set(Layout(2, 3, 4, 5).to_axonn_init()) == {"G_inter", *(a.axonn_init for a in AXIS_DEFS)}

@@ -138,10 +138,8 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
 
 
 def _groups(machine: Machine, c: Candidates) -> _Groups:
-    world = c.world_size
-    sizes = {"x": c.gx, "y": c.gy, "z": c.gz, "data": c.gdata, "world": world}
-    strides = {"x": np.ones_like(c.gx), "y": c.gx, "z": c.gx * c.gy, "data": c.gx * c.gy * c.gz,
-               "world": np.ones_like(c.gx)}
+    sizes = c.sizes() | {"world": c.world_size}
+    strides = c.strides() | {"world": np.ones_like(c.gx)}
     axes = list(sizes)
     bw_all, lat_all = place_groups(machine, np.concatenate([strides[a] for a in axes]),
                                    np.concatenate([sizes[a] for a in axes]))
@@ -154,16 +152,20 @@ def _groups(machine: Machine, c: Candidates) -> _Groups:
 def _layers(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: _Groups, tokens: Floats
 ) -> list[_Layer]:
-    head = LinearLayer("lm_head", model.hidden, 0, transposed=False)
-    specs = [*model.block_linears(), head]
+    """Block layers in execution order, then the LM head (its rows: the padded vocabulary).
+
+    A block's elementwise work is shared equally by its linears; the attention is attached
+    to the layer that reads its output; the logits' softmax work to the head."""
+    block = model.block_linears()
     extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens)
     vocab = padded_vocab(model, c)
     out = []
-    for i, spec in enumerate(specs):
-        n = vocab if spec.name == "lm_head" else np.float64(spec.n_out)
-        count = 1 if spec.name == "lm_head" else model.num_layers
-        attach = extra_fwd["attention"] if spec.name == "attn_out" else 0.0
-        ew = extra_fwd["elementwise"] / 4.0 if i < 4 else extra_fwd["logits"]
+    for spec in (*block, model.head_linear(0)):
+        head = spec.role == "head"
+        n = vocab if head else np.float64(spec.n_out)
+        count = 1 if head else model.num_layers
+        attach = extra_fwd["attention"] if spec.input == "attention" else 0.0
+        ew = extra_fwd["logits"] if head else extra_fwd["elementwise"] / len(block)
         out.append(_layer(spec, n, count, machine, options, c, g, tokens, attach + ew))
     return out
 
@@ -172,7 +174,7 @@ def _layer(
     spec: LinearLayer, n: Floats, count: int, machine: Machine, options: RunOptions, c: Candidates,
     g: _Groups, tokens: Floats, extra_fwd: Floats,
 ) -> _Layer:
-    in_axis, out_axis = ("y", "x") if spec.transposed else ("x", "y")
+    in_axis, out_axis = spec.in_axis, spec.out_axis
     k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis]
     if options.overlap_forward_all_reduce:
         t_fwd = 2.0 * gemm_s(machine, tokens / 2.0, n_loc, k_loc)
@@ -232,22 +234,23 @@ def _collective_terms(
     tokens: Floats,
 ) -> list[CollectiveTerm]:
     terms: list[CollectiveTerm] = []
+    last_in_block = [lay for lay in layers if lay.spec.role != "head"][-1]
     for i, lay in enumerate(layers):
-        prev = layers[i - 1] if i > 0 else layers[3]  # the previous linear in execution order
-        terms += _linear_terms(lay, prev, recomputed=i < 4, g=g, options=options, c=c, n_micro=n_micro)
+        prev = layers[i - 1] if i > 0 else last_in_block  # the previous linear in execution order
+        terms += _linear_terms(lay, prev, g=g, options=options, c=c, n_micro=n_micro)
     terms += _statistics_terms(model, g, c, tokens, n_micro)
     terms.append(_world_term(model, options, g, n_micro))
     return terms
 
 
 def _linear_terms(
-    lay: _Layer, prev: _Layer, *, recomputed: bool, g: _Groups, options: RunOptions, c: Candidates,
+    lay: _Layer, prev: _Layer, *, g: _Groups, options: RunOptions, c: Candidates,
     n_micro: Floats,
 ) -> list[CollectiveTerm]:
     """The eight collectives of one linear layer (table in the module docstring), with their
-    exposed parts. The LM head is not recomputed."""
+    exposed parts. Layers that are not ``recomputed`` (the LM head) have no recompute calls."""
     calls = n_micro * lay.count
-    rec = c.recompute.astype(np.float64) * recomputed
+    rec = c.recompute.astype(np.float64) * lay.spec.recomputed
     ag_fwd_exposed = np.maximum(lay.ag - prev.compute_fwd, 0.0) if options.overlap_all_gather else lay.ag
     if options.overlap_forward_all_reduce:
         ar_fwd_exposed = lay.ar_fwd / 2 + np.maximum(lay.ar_fwd / 2 - lay.t_fwd / 2, 0.0)
@@ -321,8 +324,8 @@ def _compute_columns(
     layers: list[_Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats
 ) -> dict[str, Floats]:
     rec = c.recompute.astype(np.float64)
-    gemm = sum(lay.count * (lay.t_fwd * (1 + rec * (i < 4)) + lay.t_dx + lay.t_dw) for i, lay in enumerate(layers))
-    other = sum(lay.count * (lay.extra_fwd * (1 + rec * (i < 4)) + lay.extra_bwd) for i, lay in enumerate(layers))
+    gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
+    other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
     params = sharded_params(model, c) + replicated_params(model)
     optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from axoplan.errors import AxoplanError
 from axoplan.layout import Layout
+from axoplan.model import layer_axes
 from axoplan.plan import LaunchConfig
 
 __all__ = ["axonn_init_kwargs", "init_axonn", "axonn_groups", "check_axonn_groups", "axonn_linear_class",
@@ -97,7 +98,7 @@ def axonn_linear_class() -> type:
             super().__init__(k_in, n_out, transpose=transposed, bias=False, expert_mode=True,
                              init_method=torch.nn.init.zeros_)
             self.name, self.transposed, self.rt, self.cache = name, transposed, rt, cache
-            self.in_axis, self.out_axis = ("y", "x") if transposed else ("x", "y")
+            self.in_axis, self.out_axis = layer_axes(transposed)
             self.k_loc, self.n_loc = self.local_in_features, self.local_out_features
             if shard.numel() != self.weight.numel():
                 raise ValueError(f"{name}: axoplan's shard has {shard.numel()} elements, AxoNN's "

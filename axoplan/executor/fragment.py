@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
+from axoplan.axes import AXES, strides
 from axoplan.layout import ordered_factorizations
 from axoplan.plan import LaunchConfig
 from axoplan.schema import Frozen
@@ -73,12 +74,12 @@ class ProbeResult(Frozen):
 def group_shapes(world_size: int) -> list[tuple[int, int]]:
     """Every (stride, size ≥ 2) that a group of some layout of `world_size` ranks has.
 
-    Axis X has stride 1, Y stride Gx, Z stride Gx·Gy, data stride Gx·Gy·Gz.
+    Strides follow the default rank order (``axoplan.axes``): X 1, Y Gx, Z Gx·Gy, data Gx·Gy·Gz.
     """
-    gx, gy, gz, gd = ordered_factorizations(world_size)
+    sizes = dict(zip(AXES, ordered_factorizations(world_size), strict=True))
     shapes = set()
-    for stride, size in ((np.ones_like(gx), gx), (gx, gy), (gx * gy, gz), (gx * gy * gz, gd)):
-        shapes |= {(int(s), int(p)) for s, p in zip(stride, size, strict=True) if p > 1}
+    for axis, stride in strides(sizes).items():
+        shapes |= {(int(s), int(p)) for s, p in zip(stride, sizes[axis], strict=True) if p > 1}
     return sorted(shapes)
 
 
@@ -93,11 +94,10 @@ def plan_gemm_shapes(plan: LaunchConfig) -> list[tuple[int, int, int]]:
     lay, model = plan.layout, plan.model
     size = {"x": lay.gx, "y": lay.gy}
     m = plan.micro_batch * plan.options.seq_len
-    layers = [(lin.k_in, lin.n_out, lin.transposed) for lin in model.block_linears()]
-    layers.append((model.hidden, padded_vocab(model.vocab, lay.gx, lay.gy), False))
+    layers = [*model.block_linears(), model.head_linear(padded_vocab(model.vocab, lay.gx, lay.gy))]
     shapes: list[tuple[int, int, int]] = []
-    for k, n, transposed in layers:
-        k_loc, n_loc = (k // size["y"], n // size["x"]) if transposed else (k // size["x"], n // size["y"])
+    for lin in layers:
+        k_loc, n_loc = lin.k_in // size[lin.in_axis], lin.n_out // size[lin.out_axis]
         for shape in ((m, n_loc, k_loc), (m, k_loc, n_loc), (n_loc, k_loc, m)):
             if shape not in shapes:
                 shapes.append(shape)

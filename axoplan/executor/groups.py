@@ -1,7 +1,8 @@
 """The four group families of a layout, built in the planner's rank order.
 
-The DeviceMesh is made from ``Layout.grid()`` itself (index ``[d, z, y, x]``, X fastest:
-``rank = ((d·Gz + z)·Gy + y)·Gx + x``), with dimension names ``data, z, y, x``; every
+The DeviceMesh is made from ``Layout.grid()`` itself (by default index ``[d, z, y, x]``,
+X fastest: ``rank = ((d·Gz + z)·Gy + y)·Gx + x``), with the layout's mesh dimension names
+(``Layout.mesh_dims``: ``data, z, y, x`` for the default order); every
 group's members are then checked against ``Layout.groups(axis)``, so the executor runs
 exactly the placement the cost model priced. Every rank must call this (every rank takes
 part in creating every group).
@@ -25,7 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from axoplan.layout import AXES, Layout
+from axoplan.axes import AXES, mesh_dims
+from axoplan.layout import Layout
 
 __all__ = ["Groups", "build_groups", "has_backend_override"]
 
@@ -48,7 +50,8 @@ class Groups:
         return all(self.coords[a] == 0 for a in redundant_axes)
 
 
-MESH_DIMS = ("data", "z", "y", "x")
+MESH_DIMS = mesh_dims()
+"""Mesh dimension names of the default rank order (a layout's own are ``Layout.mesh_dims``)."""
 
 
 def build_groups(layout: Layout, device_type: str, timeout_s: float, native: bool | None = None) -> Groups:
@@ -66,7 +69,7 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, native: boo
     groups = {axis: mesh.get_group(axis) for axis in AXES}
     coords = layout.coords(rank)
     for axis in AXES:
-        want = [int(r) for r in layout.groups(axis)[_row(layout, axis, coords)]]
+        want = [int(r) for r in layout.groups(axis)[layout.group_row(axis, coords)]]
         got = dist.get_process_group_ranks(groups[axis])
         if got != want:
             raise RuntimeError(f"DeviceMesh group {axis} of rank {rank} is {got}, the planner's order says {want}")
@@ -81,28 +84,20 @@ def has_backend_override() -> bool:
 
 def _native_mesh(layout: Layout, device_type: str, timeout_s: float) -> DeviceMesh:
     backend = dist.get_backend()
-    override = tuple((backend, _options(backend, timeout_s)) for _ in MESH_DIMS)
-    return DeviceMesh(device_type, torch.from_numpy(layout.grid()), mesh_dim_names=MESH_DIMS,
+    override = tuple((backend, _options(backend, timeout_s)) for _ in layout.mesh_dims)
+    return DeviceMesh(device_type, torch.from_numpy(layout.grid()), mesh_dim_names=layout.mesh_dims,
                       backend_override=override)
 
 
 def _wrapped_mesh(layout: Layout, device_type: str, timeout_s: float) -> DeviceMesh:
     """Every group of every axis made with the timeout (each rank takes part in all), then wrapped."""
     mine = []
-    for axis in MESH_DIMS:
+    for axis in layout.mesh_dims:
         rows = [[int(r) for r in row] for row in layout.groups(axis)]
         group, _ = dist.new_subgroups_by_enumeration(rows, timeout=timedelta(seconds=timeout_s))
         mine.append(group)
-    return DeviceMesh.from_group(mine, device_type, mesh=torch.from_numpy(layout.grid()), mesh_dim_names=MESH_DIMS)
-
-
-def _row(layout: Layout, axis: str, coords: dict[str, int]) -> int:
-    """Index of this rank's group in ``layout.groups(axis)`` (the other axes, d-major)."""
-    others = [a for a in MESH_DIMS if a != axis]
-    index = 0
-    for a in others:
-        index = index * layout.size(a) + coords[a]
-    return index
+    return DeviceMesh.from_group(mine, device_type, mesh=torch.from_numpy(layout.grid()),
+                                 mesh_dim_names=layout.mesh_dims)
 
 
 def _options(backend: str, timeout_s: float) -> Any:

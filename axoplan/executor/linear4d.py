@@ -33,6 +33,7 @@ from axoplan.executor.comm import Comm
 from axoplan.executor.groups import Groups
 from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.timing import PhaseTimer
+from axoplan.model import layer_axes
 
 __all__ = ["Runtime", "Linear4D", "block_slice", "shard_numel"]
 
@@ -87,7 +88,7 @@ class Linear4D(nn.Module):
                  shard: torch.Tensor) -> None:
         super().__init__()
         self.name, self.transposed = name, transposed
-        self.in_axis, self.out_axis = ("y", "x") if transposed else ("x", "y")
+        self.in_axis, self.out_axis = layer_axes(transposed)
         self.k_loc = k_in // rt.groups.size(self.in_axis)
         self.n_loc = n_out // rt.groups.size(self.out_axis)
         self.block_numel = self.k_loc * self.n_loc

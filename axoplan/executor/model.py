@@ -1,4 +1,4 @@
-"""The GPT-style model built from 4D linears (``axonn.md`` §1.4 layer pattern).
+"""The GPT-style model built from 4D linears (``docs/algorithm.md`` §1 layer pattern).
 
 Per block: QKV and MLP-up are plain, attention-out and MLP-down transposed, so each
 layer's output layout is the next one's input and no activation is redistributed::
@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from axoplan.executor.layers import cross_entropy_y, embedding_y, layer_norm_x
 from axoplan.executor.linear4d import Linear4D, Runtime
 from axoplan.executor.reference import activation, attention_core
-from axoplan.model import ModelSpec
+from axoplan.model import LinearLayer, ModelSpec
 
 __all__ = ["GPT4D"]
 
@@ -67,17 +67,17 @@ class _Block4D(nn.Module):
         self.spec, self.rt = spec, rt
         h = spec.hidden
 
-        def linear(name: str, k: int, n: int, transposed: bool) -> _Biased:
-            lin = factory(name, k, n, transposed, rt, params[f"{prefix}.{name}.weight"])
-            return _Biased(lin, params.get(f"{prefix}.{name}.bias"))
+        def linear(lay: LinearLayer) -> _Biased:
+            lin = factory(lay.name, lay.k_in, lay.n_out, lay.transposed, rt, params[f"{prefix}.{lay.name}.weight"])
+            return _Biased(lin, params.get(f"{prefix}.{lay.name}.bias"))
 
         lin = {lay.name: lay for lay in spec.block_linears()}
         self.ln1 = _NormX(h, params[f"{prefix}.ln1.weight"], params.get(f"{prefix}.ln1.bias"), rt)
-        self.qkv = linear("qkv", h, lin["qkv"].n_out, False)
-        self.attn_out = linear("attn_out", h, h, True)
+        self.qkv = linear(lin["qkv"])
+        self.attn_out = linear(lin["attn_out"])
         self.ln2 = _NormX(h, params[f"{prefix}.ln2.weight"], params.get(f"{prefix}.ln2.bias"), rt)
-        self.mlp_up = linear("mlp_up", h, lin["mlp_up"].n_out, False)
-        self.mlp_down = linear("mlp_down", spec.ffn, h, True)
+        self.mlp_up = linear(lin["mlp_up"])
+        self.mlp_down = linear(lin["mlp_down"])
 
     def forward(self, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         s, gy = self.spec, self.rt.groups.size("y")
@@ -102,7 +102,8 @@ class GPT4D(nn.Module):
                  recompute: bool, factory: Callable[..., nn.Module] = Linear4D, reentrant: bool = False) -> None:
         super().__init__()
         self.spec, self.rt, self.recompute, self.reentrant = spec, rt, recompute, reentrant
-        self.lm_head = Linear4D("lm_head", spec.hidden, vocab, False, rt, params["lm_head.weight"])
+        head = spec.head_linear(vocab)
+        self.lm_head = Linear4D(head.name, head.k_in, head.n_out, head.transposed, rt, params["lm_head.weight"])
         if not spec.tied_embeddings:
             self.embed = Linear4D("embed", spec.hidden, vocab, False, rt, params["embed.weight"])
         if spec.max_positions:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axoplan.layout import Layout
-from axoplan.model import ModelSpec
+from axoplan.model import BLOCK_LAYERS, HEAD_LAYER, ModelSpec, layer_axes
 
 __all__ = ["ReferenceGPT", "full_state", "local_state", "param_shapes", "to_local", "weight_kind", "attention_core",
            "activation"]
@@ -40,9 +40,14 @@ def weight_kind(name: str) -> str:
     if leaf[-1] != "weight" or len(leaf) < 2:
         return "replicated"
     layer = leaf[-2]
-    if layer in {"qkv", "mlp_up", "lm_head", "embed"}:
-        return "plain"
-    return "transposed" if layer in {"attn_out", "mlp_down"} else "replicated"
+    sharded = {lin.name: lin.kind for lin in (*BLOCK_LAYERS, HEAD_LAYER)} | {"embed": HEAD_LAYER.kind}
+    return sharded.get(layer, "replicated")
+
+
+def _row_col_axes(kind: str) -> tuple[str, str]:
+    """The axes a weight's rows (output features) and columns (input features) are split over."""
+    in_axis, out_axis = layer_axes(kind == "transposed")
+    return out_axis, in_axis
 
 
 def attention_core(qkv: torch.Tensor, batch: int, seq: int, kv_heads: int, group: int, head_dim: int) -> torch.Tensor:
@@ -68,11 +73,11 @@ class _Block(nn.Module):
         h, bias = spec.hidden, spec.biases
         lin = {lay.name: lay for lay in spec.block_linears()}
         self.ln1 = nn.LayerNorm(h, eps=LN_EPS, bias=bias)
-        self.qkv = nn.Linear(h, lin["qkv"].n_out, bias=bias)
-        self.attn_out = nn.Linear(h, h, bias=bias)
+        self.qkv = nn.Linear(lin["qkv"].k_in, lin["qkv"].n_out, bias=bias)
+        self.attn_out = nn.Linear(lin["attn_out"].k_in, lin["attn_out"].n_out, bias=bias)
         self.ln2 = nn.LayerNorm(h, eps=LN_EPS, bias=bias)
-        self.mlp_up = nn.Linear(h, lin["mlp_up"].n_out, bias=bias)
-        self.mlp_down = nn.Linear(spec.ffn, h, bias=bias)
+        self.mlp_up = nn.Linear(lin["mlp_up"].k_in, lin["mlp_up"].n_out, bias=bias)
+        self.mlp_down = nn.Linear(lin["mlp_down"].k_in, lin["mlp_down"].n_out, bias=bias)
         self.spec = spec
 
     def forward(self, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
@@ -133,7 +138,7 @@ def to_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, in
     kind = weight_kind(name)
     if kind == "replicated":
         return full
-    row_axis, col_axis = ("x", "y") if kind == "transposed" else ("y", "x")
+    row_axis, col_axis = _row_col_axes(kind)
     n, k = full.shape
     rows, cols = n // layout.size(row_axis), k // layout.size(col_axis)
     r0, c0 = coords[row_axis] * rows, coords[col_axis] * cols
@@ -165,8 +170,9 @@ def param_shapes(spec: ModelSpec, vocab: int) -> dict[str, tuple[int, ...]]:
     norm = ("weight", "bias") if spec.biases else ("weight",)
     for i in range(spec.num_layers):
         for lin in spec.block_linears():
-            if lin.name in {"qkv", "mlp_up"}:
-                out.update({f"blocks.{i}.{'ln1' if lin.name == 'qkv' else 'ln2'}.{k}": (h,) for k in norm})
+            if lin.input == "norm":
+                ln = "ln1" if lin.role == "attention" else "ln2"
+                out.update({f"blocks.{i}.{ln}.{k}": (h,) for k in norm})
             out[f"blocks.{i}.{lin.name}.weight"] = (lin.n_out, lin.k_in)
             if spec.biases:
                 out[f"blocks.{i}.{lin.name}.bias"] = (lin.n_out,)

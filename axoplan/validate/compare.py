@@ -119,7 +119,7 @@ class Predictor:
 
 def _candidate_row(plan: LaunchConfig) -> tuple[int, int, int, int, int, bool, bool]:
     lay = plan.layout
-    return (lay.gx, lay.gy, lay.gz, lay.gdata, plan.micro_batch, plan.recompute, plan.cache_weights)
+    return (*lay.to_layout().sizes, plan.micro_batch, plan.recompute, plan.cache_weights)
 
 
 @dataclass(frozen=True, slots=True)
