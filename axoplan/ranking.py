@@ -16,14 +16,14 @@ from axoplan.axes import AXIS_DEFS
 from axoplan.candidates import Candidates
 from axoplan.cost.model import Prediction, predict
 from axoplan.errors import AxoplanError
+from axoplan.feasibility import REASONS, Feasibility, check
 from axoplan.layout import Layout
 from axoplan.machine import Machine
 from axoplan.model import ModelSpec
 from axoplan.options import RunOptions
 
-__all__ = ["Ranking", "rank", "rank_candidates", "REASONS", "smallest_feasible_world"]
+__all__ = ["Ranking", "rank", "rank_candidates", "REASONS", "smallest_feasible_world", "explain_infeasible"]
 
-REASONS = ("", "dims-x", "dims-y", "heads", "batch", "memory")
 _MAX_WORLD = 1 << 24
 
 
@@ -38,6 +38,7 @@ class Ranking:
     prediction: Prediction
     reason: npt.NDArray[np.uint8]  # index into REASONS; 0 = feasible
     order: npt.NDArray[np.int64]  # feasible first, each part by predicted step time
+    feasibility: Feasibility
 
     @property
     def candidates(self) -> Candidates:
@@ -52,7 +53,7 @@ class Ranking:
 
     def reason_text(self, i: int) -> str:
         """Why candidate i is infeasible, in words ('' if it is feasible)."""
-        return _reason_text(self, i)
+        return self.feasibility.text(i)
 
     def row(self, i: int) -> dict[str, Any]:
         """Candidate i as a flat, JSON-friendly record."""
@@ -90,57 +91,12 @@ def rank_candidates(
     model: ModelSpec, machine: Machine, options: RunOptions, world_size: int, c: Candidates
 ) -> Ranking:
     pred = predict(model, machine, options, c)
-    reason = _reasons(model, machine, options, c, pred)
+    feasibility = check(model, options, c, mem_total_bytes=pred.columns["mem_total_bytes"],
+                        hbm_usable_bytes=machine.hbm_usable_bytes)
+    reason = feasibility.reason
     t = pred.columns["t_step_s"]
     order = np.lexsort((t, reason != 0))
-    return Ranking(model, machine, options, world_size, pred, reason, order)
-
-
-def _checks(
-    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, pred: Prediction
-) -> list[npt.NDArray[np.bool_]]:
-    """One 'fails' mask per entry of REASONS[1:], in order."""
-    dims_x = np.zeros(len(c), dtype=bool)
-    dims_y = np.zeros(len(c), dtype=bool)
-    for lin in model.block_linears():
-        k_group, n_group = (c.gy, c.gx) if lin.transposed else (c.gx, c.gy)
-        for dim, group in ((lin.k_in, k_group), (lin.n_out, n_group)):
-            bad = dim % group != 0
-            if group is c.gx:
-                dims_x |= bad
-            else:
-                dims_y |= bad
-    heads = (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0)
-    batch = options.global_batch % (c.gdata * c.gz * c.micro_batch) != 0
-    memory = pred.columns["mem_total_bytes"] > machine.hbm_usable_bytes
-    return [dims_x, dims_y, heads, batch, memory]
-
-
-def _reasons(
-    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, pred: Prediction
-) -> npt.NDArray[np.uint8]:
-    reason = np.zeros(len(c), dtype=np.uint8)
-    for code, fails in reversed(list(enumerate(_checks(model, machine, options, c, pred), start=1))):
-        reason[fails] = code
-    return reason
-
-
-def _reason_text(r: Ranking, i: int) -> str:
-    code = REASONS[r.reason[i]]
-    c, m = r.candidates, r.model
-    if code == "dims-x":
-        return f"Gx={c.gx[i]} does not divide every layer dimension sharded over X (hidden {m.hidden}, FFN {m.ffn})"
-    if code == "dims-y":
-        return f"Gy={c.gy[i]} does not divide every layer dimension sharded over Y (hidden {m.hidden}, FFN {m.ffn})"
-    if code == "heads":
-        return f"Gy={c.gy[i]} does not divide the {m.num_heads} heads ({m.kv_heads} KV heads)"
-    if code == "batch":
-        per = int(c.gdata[i] * c.gz[i] * c.micro_batch[i])
-        return f"global batch {r.options.global_batch} is not divisible by Gdata*Gz*micro-batch = {per}"
-    if code == "memory":
-        need = r.column("mem_total_bytes")[i] / 1e9
-        return f"needs {need:.1f} GB per GPU, {r.machine.hbm_usable_bytes / 1e9:.1f} GB usable"
-    return ""
+    return Ranking(model, machine, options, world_size, pred, reason, order, feasibility)
 
 
 def smallest_feasible_world(model: ModelSpec, machine: Machine, options: RunOptions, start: int) -> int | None:
@@ -163,11 +119,14 @@ def smallest_feasible_world(model: ModelSpec, machine: Machine, options: RunOpti
 def explain_infeasible(r: Ranking) -> str:
     """One line saying why no candidate of this world size works, and what would."""
     c = r.candidates
-    fails = _checks(r.model, r.machine, r.options, c, r.prediction)
-    shape_ok = ~(fails[0] | fails[1] | fails[2])
+    fails = r.feasibility.fails
+    if fails["positions"].any():
+        return (f"{r.feasibility.text(0, 'positions')} of {r.model.name}; use --seq-len {r.model.max_positions} or "
+                "less, or a model with more positions (max_positions in a model YAML)")
+    shape_ok = ~(fails["dims-x"] | fails["dims-y"] | fails["heads"])
     where = f"{r.world_size} GPUs of {r.machine.name}"
-    if (shape_ok & ~fails[3]).any():
-        best = r.column("mem_total_bytes")[shape_ok & ~fails[3]].min() / 1e9
+    if (shape_ok & ~fails["batch"]).any():
+        best = r.column("mem_total_bytes")[shape_ok & ~fails["batch"]].min() / 1e9
         more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
         fix = f"; the smallest GPU count that fits is {more}" if more else ""
         return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU, "

@@ -63,9 +63,10 @@ def test_a_dividing_layout_is_runnable() -> None:
 
 
 @pytest.mark.parametrize(("layout", "model", "message"), [
-    (Layout(3, 1, 1, 1), {}, "qkv input features 32 not divisible by Gx=3"),
-    (Layout(1, 4, 1, 1), {"num_kv_heads": 2}, "2 KV heads not divisible by Gy=4"),
-    (Layout(1, 4, 1, 1), {"ffn_kind": "swiglu", "ffn_hidden": 6}, "mlp_up output features 6 not divisible by Gy=4"),
+    (Layout(3, 1, 1, 1), {}, r"Gx=3 does not divide every layer dimension sharded over X \(hidden 32, FFN 128\)"),
+    (Layout(1, 4, 1, 1), {"num_kv_heads": 2}, r"Gy=4 does not divide the 4 heads \(2 KV heads\)"),
+    (Layout(1, 4, 1, 1), {"ffn_kind": "swiglu", "ffn_hidden": 6},
+     r"Gy=4 does not divide every layer dimension sharded over Y \(hidden 32, FFN 6\)"),
 ])
 def test_a_layout_that_does_not_divide_the_model_is_refused(layout: Layout, model: dict, message: str) -> None:
     with pytest.raises(AxoplanError, match=message):
@@ -209,6 +210,7 @@ def test_cli_refuses_a_world_size_mismatch(tmp_path: Path) -> None:
 
 def test_cli_refuses_a_layout_that_does_not_divide_and_a_missing_launcher(tmp_path: Path) -> None:
     done = run_cli("run", str(_write(tmp_path, tiny_plan(Layout(3, 1, 1, 1)).to_json())), "--local", "3")
-    assert done.returncode == 2 and "cannot run tiny: qkv input features 32 not divisible by Gx=3" in done.stderr
+    assert done.returncode == 2
+    assert "cannot run tiny: Gx=3 does not divide every layer dimension sharded over X" in done.stderr
     done = run_cli("run", str(_write(tmp_path, tiny_plan(Layout(1, 1, 1, 2)).to_json())))
     assert done.returncode == 2 and "not started by torchrun or srun" in done.stderr

@@ -124,39 +124,22 @@ def padded_vocab(vocab: int, gx: int, gy: int) -> int:
 
 
 def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
-    """Refuse a plan whose layout does not divide the model (AxoplanError, one line).
+    """Refuse a plan the planner's rules refuse (AxoplanError, one line).
 
-    The rules are the planner's (``ranking._checks``): features split over X or Y must
-    divide, KV heads must divide by Gy. A weight block Gz does not divide is padded
-    (native engine); AxoNN's linears need Gz to divide it.
+    The plan is checked as a one-row candidate table by ``axoplan.feasibility.check``,
+    the rules ``rank`` applies, so the reasons read the same; memory is not checked
+    (the executor cannot know it before it runs). AxoNN's linears also need Gz to divide
+    each weight block (the native engine pads).
     """
-    problems = _problems(plan, engine)
+    from axoplan.candidates import Candidates
+    from axoplan.feasibility import check
+
+    lay = plan.layout.to_layout()
+    one = Candidates.single(lay, plan.micro_batch, plan.recompute, plan.cache_weights)
+    problems = check(plan.model, plan.options, one, engine).texts(0)
     if problems:
-        lay = plan.layout.to_layout()
         raise AxoplanError(f"layout {lay} cannot run {plan.model.name}: {'; '.join(problems)} "
-                           f"(choose another layout, or scale the model with --hidden/--layers)")
-
-
-def _problems(plan: LaunchConfig, engine: str) -> list[str]:
-    m, lay = plan.model, plan.layout
-    size = {"x": lay.gx, "y": lay.gy}
-    out: list[str] = []
-    for lin in m.block_linears():
-        k_axis, n_axis = ("y", "x") if lin.transposed else ("x", "y")
-        n_split = m.ffn if lin.name == "mlp_up" and m.ffn_kind == "swiglu" else lin.n_out
-        if lin.k_in % size[k_axis]:
-            out.append(f"{lin.name} input features {lin.k_in} not divisible by G{k_axis}={size[k_axis]}")
-        if n_split % size[n_axis]:
-            out.append(f"{lin.name} output features {n_split} not divisible by G{n_axis}={size[n_axis]}")
-        splits = lin.k_in % size[k_axis] == 0 and n_split % size[n_axis] == 0
-        block = lin.num_params // (lay.gx * lay.gy)
-        if engine == "axonn" and splits and block % lay.gz:
-            out.append(f"{lin.name} weight block {block} not divisible by Gz={lay.gz} (AxoNN's linears do not pad)")
-    if m.kv_heads % lay.gy:
-        out.append(f"{m.kv_heads} KV heads not divisible by Gy={lay.gy}")
-    if m.max_positions and plan.options.seq_len > m.max_positions:
-        out.append(f"sequence length {plan.options.seq_len} exceeds the {m.max_positions} learned positions")
-    return out
+                           f"(choose another layout, or scale the model with --hidden/--layers/--seq-len)")
 
 
 def check_world(plan: LaunchConfig, world_size: int, where: str) -> None:

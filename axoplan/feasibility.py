@@ -1,0 +1,141 @@
+"""Which candidates can run: one set of rules for the planner and the executor.
+
+``rank`` checks every candidate at once; ``run`` checks its plan as a one-row candidate
+table, so a layout the planner calls feasible is one the executor starts, and a refusal
+reads the same in both (``docs/decisions.md``, issue 14). Rules, in the order their
+reasons are reported (the first that fails names the candidate's reason):
+
+* ``positions``: the sequence fits the model's learned position embeddings;
+* ``dims-x`` / ``dims-y``: every feature dimension split over X (resp. Y) divides by Gx
+  (Gy); a layer whose output is several parts (SwiGLU's gate and up) splits each part;
+* ``heads``: Gy divides the attention heads and the KV heads (heads are split over Y);
+* ``batch``: Gdata·Gz·micro-batch divides the global batch (gradient accumulation);
+* ``zblock``: only for AxoNN's own linears, which do not pad: Gz divides each layer's
+  X·Y weight block (the native executor zero-pads the last Z shard);
+* ``memory``: the predicted memory fits the usable HBM (planner only: the executor
+  cannot know before it runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.axes import label
+from axoplan.candidates import Candidates
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+
+__all__ = ["REASONS", "Feasibility", "check"]
+
+REASONS = ("", "positions", "dims-x", "dims-y", "heads", "batch", "zblock", "memory")
+
+Bools = npt.NDArray[np.bool_]
+Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Feasibility:
+    """Which rule each candidate fails, and why in words."""
+
+    model: ModelSpec
+    options: RunOptions
+    candidates: Candidates
+    fails: dict[str, Bools]  # one mask per entry of REASONS[1:]
+    mem_total_bytes: Floats | None = None
+    hbm_usable_bytes: float | None = None
+
+    @property
+    def reason(self) -> npt.NDArray[np.uint8]:
+        """Index into REASONS of the first rule each candidate fails (0: feasible)."""
+        out = np.zeros(len(self.candidates), dtype=np.uint8)
+        for code in range(len(REASONS) - 1, 0, -1):
+            out[self.fails[REASONS[code]]] = code
+        return out
+
+    def failed(self, i: int) -> list[str]:
+        """Every rule candidate i fails, in REASONS order."""
+        return [code for code in REASONS[1:] if self.fails[code][i]]
+
+    def text(self, i: int, code: str | None = None) -> str:
+        """Why candidate i fails rule `code` (default: its first failing rule), in words."""
+        if code is None:
+            failed = self.failed(i)
+            if not failed:
+                return ""
+            code = failed[0]
+        return _TEXT[code](self, i)
+
+    def texts(self, i: int) -> list[str]:
+        return [self.text(i, code) for code in self.failed(i)]
+
+
+def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "native",
+          mem_total_bytes: Floats | None = None, hbm_usable_bytes: float | None = None) -> Feasibility:
+    """Every rule for every candidate (vectorised); memory only when its columns are given."""
+    n = len(c)
+    sizes = c.sizes()
+    dims = {axis: np.zeros(n, dtype=bool) for axis in ("x", "y")}
+    zblock = np.zeros(n, dtype=bool)
+    for lin in model.block_linears():
+        dims[lin.in_axis] |= lin.k_in % sizes[lin.in_axis] != 0
+        dims[lin.out_axis] |= (lin.n_out // lin.out_chunks) % sizes[lin.out_axis] != 0
+        if engine == "axonn":
+            zblock |= (lin.num_params // (c.gx * c.gy)) % c.gz != 0
+    too_long = bool(model.max_positions) and options.seq_len > model.max_positions
+    fails = {
+        "positions": np.full(n, too_long),
+        "dims-x": dims["x"],
+        "dims-y": dims["y"],
+        "heads": (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0),
+        "batch": options.global_batch % (c.gdata * c.gz * c.micro_batch) != 0,
+        "zblock": zblock,
+        "memory": (mem_total_bytes > hbm_usable_bytes if mem_total_bytes is not None and hbm_usable_bytes
+                   is not None else np.zeros(n, dtype=bool)),
+    }
+    return Feasibility(model, options, c, fails, mem_total_bytes, hbm_usable_bytes)
+
+
+def _positions(f: Feasibility, i: int) -> str:
+    return f"sequence length {f.options.seq_len} exceeds the {f.model.max_positions} learned positions"
+
+
+def _dims(axis: str) -> Callable[[Feasibility, int], str]:
+    def text(f: Feasibility, i: int) -> str:
+        m, size = f.model, int(f.candidates.sizes()[axis][i])
+        return (f"{label(axis)}={size} does not divide every layer dimension sharded over {axis.upper()} "
+                f"(hidden {m.hidden}, FFN {m.ffn})")
+    return text
+
+
+def _heads(f: Feasibility, i: int) -> str:
+    m = f.model
+    return f"Gy={f.candidates.gy[i]} does not divide the {m.num_heads} heads ({m.kv_heads} KV heads)"
+
+
+def _batch(f: Feasibility, i: int) -> str:
+    c = f.candidates
+    per = int(c.gdata[i] * c.gz[i] * c.micro_batch[i])
+    return f"global batch {f.options.global_batch} is not divisible by Gdata*Gz*micro-batch = {per}"
+
+
+def _zblock(f: Feasibility, i: int) -> str:
+    c = f.candidates
+    gxy, gz = int(c.gx[i] * c.gy[i]), int(c.gz[i])
+    lin = next(lin for lin in f.model.block_linears() if (lin.num_params // gxy) % gz)
+    return f"{lin.name} weight block {lin.num_params // gxy} not divisible by Gz={gz} (AxoNN's linears do not pad)"
+
+
+def _memory(f: Feasibility, i: int) -> str:
+    assert f.mem_total_bytes is not None and f.hbm_usable_bytes is not None
+    need = f.mem_total_bytes[i] / 1e9
+    return f"needs {need:.1f} GB per GPU, {f.hbm_usable_bytes / 1e9:.1f} GB usable"
+
+
+_TEXT: dict[str, Callable[[Feasibility, int], str]] = {
+    "positions": _positions, "dims-x": _dims("x"), "dims-y": _dims("y"), "heads": _heads, "batch": _batch,
+    "zblock": _zblock, "memory": _memory,
+}
