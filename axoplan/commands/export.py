@@ -9,52 +9,34 @@ command runs, so `axoplan --help` stays fast.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from axoplan.commands.options import MODEL_FLAGS, RUN_FLAGS, ModelFlags, shared_options
+
+if TYPE_CHECKING:
+    from axoplan.options import RunOptions
+
 __all__ = ["export"]
 
-
-class _Choice(StrEnum):
-    on = "on"
-    off = "off"
-    search = "search"
-
-
 # options that define a fresh ranking; a saved ranking (--ranking) already fixes them
-_RANKING_FLAGS = ("model", "gpus", "global_batch", "seq_len", "micro_batch", "recompute", "cache_weights", "oar",
-                  "ors", "oag", "overlap_forward_all_reduce", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
-                  "vocab")
+_RANKING_FLAGS = {"gpus": "--gpus"} | {f.name: f.text for f in (*MODEL_FLAGS, *RUN_FLAGS)}
 _SITE_HELP = "Written into the job scripts; otherwise the machine's default or a visible placeholder like <{}>."
 
 
+@shared_options()
 def export(
     ctx: typer.Context,
     ranking: Annotated[Path | None, typer.Option(
         "--ranking", help="A ranking saved by `axoplan rank --out FILE.json`: export from it instead of ranking "
                           "again (model, GPUs and options come from the file).")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Preset (see `axoplan models`) or path to a model YAML.", show_default=False)] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", "-g", help="Number of GPUs (GCDs on Frontier).",
                                              show_default=False)] = None,
     machine: Annotated[str | None, typer.Option(
         "--machine", help="Shipped machine or path to a machine YAML (default: frontier, or the machine named "
                           "in --ranking).", show_default=False)] = None,
-    global_batch: Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")] = 2048,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")] = 2048,
-    micro_batch: Annotated[str, typer.Option("--micro-batch", help="Per-GPU micro-batch sizes to search.")] = "1,2,4,8",
-    recompute: Annotated[_Choice, typer.Option("--recompute", help="Full activation recompute.")] = _Choice.search,
-    cache_weights: Annotated[_Choice, typer.Option(
-        "--cache-weights", help="Keep Z-gathered weights for the backward.")] = _Choice.search,
-    oar: Annotated[bool, typer.Option("--oar/--no-oar", help="Overlap the backward all-reduce (OAR).")] = True,
-    ors: Annotated[bool, typer.Option("--ors/--no-ors", help="Overlap Z reduce-scatters (ORS).")] = True,
-    oag: Annotated[bool, typer.Option("--oag/--no-oag", help="Prefetch Z all-gathers (OAG).")] = True,
-    overlap_forward_all_reduce: Annotated[bool, typer.Option(
-        "--overlap-forward-all-reduce/--no-overlap-forward-all-reduce",
-        help="2-chunk forward all-reduce overlap.")] = False,
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="How many of the best layouts to export.")] = 5,
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder to write one sub-folder per layout into.")
                        ] = Path("plans"),
@@ -80,12 +62,9 @@ def export(
     allow_partial_nodes: Annotated[bool, typer.Option(
         "--allow-partial-nodes", help="Allow a GPU count that does not fill whole nodes.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing plan.json / job.sh files.")] = False,
-    layers: Annotated[int | None, typer.Option("--layers", min=1, help="Custom model: number of layers.")] = None,
-    hidden: Annotated[int | None, typer.Option("--hidden", min=1, help="Custom model: hidden size.")] = None,
-    heads: Annotated[int | None, typer.Option("--heads", min=1, help="Custom model: attention heads.")] = None,
-    kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="Custom model: KV heads (GQA).")] = None,
-    ffn_hidden: Annotated[int | None, typer.Option("--ffn-hidden", min=1, help="Custom model: FFN width.")] = None,
-    vocab: Annotated[int | None, typer.Option("--vocab", min=1, help="Custom model: vocabulary size.")] = None,
+    *,
+    run_options: RunOptions,
+    model_flags: ModelFlags,
 ) -> None:
     """Export the top --top layouts as launch configs (plan.json) and job scripts (job.sh), one folder each.
 
@@ -104,11 +83,8 @@ def export(
         _refuse_ranking_flags(ctx, ranking)
         source, ref = _saved(ranking, machine)
     else:
-        custom = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-                  "ffn_hidden": ffn_hidden, "vocab": vocab}
         ref = machine or "frontier"
-        source = _fresh(model, gpus, ref, (global_batch, seq_len, micro_batch, recompute, cache_weights, oar, ors,
-                                           oag, overlap_forward_all_reduce), custom)
+        source = _fresh(model_flags, gpus, ref, run_options)
     exports = prepare_exports(source, ref, top, settings)
     write_exports(exports, out_dir, force)
     launcher = source.machine.launcher
@@ -136,10 +112,9 @@ def _settings(**fields: Any) -> Any:
 def _refuse_ranking_flags(ctx: typer.Context, ranking: Path) -> None:
     from axoplan.errors import AxoplanError
 
-    for name in _RANKING_FLAGS:
+    for name, flag in _RANKING_FLAGS.items():
         source = ctx.get_parameter_source(name)
         if source is not None and source.name in {"COMMANDLINE", "ENVIRONMENT"}:
-            flag = "--" + name.replace("_", "-")
             raise AxoplanError(f"--ranking {ranking} already fixes the model, GPUs and options; leave out {flag} "
                                f"(or rank afresh without --ranking)")
 
@@ -166,16 +141,15 @@ def _saved(ranking: Path, machine: str | None) -> tuple[Any, str]:
     return source, machine or source.machine.name
 
 
-def _fresh(model: str | None, gpus: int | None, machine: str, options: tuple[Any, ...],
-           custom: dict[str, int | None]) -> Any:
-    from axoplan.cli import _setup
+def _fresh(model_flags: ModelFlags, gpus: int | None, machine: str, options: RunOptions) -> Any:
     from axoplan.errors import AxoplanError
+    from axoplan.machine import load_machine
     from axoplan.ranking import explain_infeasible, rank
 
     if gpus is None:
         raise AxoplanError("give --gpus N (and --model), or --ranking FILE.json saved by `axoplan rank --out`")
-    spec, mach, opts = _setup(model, machine, *options, **custom)
-    result = rank(spec, mach, opts, gpus)
+    spec, mach = model_flags.load(), load_machine(machine)
+    result = rank(spec, mach, options, gpus)
     if result.num_feasible == 0:
         raise AxoplanError(explain_infeasible(result))
     return result

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from axoplan.commands.options import ModelFlags, shared_options
+
+if TYPE_CHECKING:
+    from axoplan.options import RunOptions
 
 __all__ = ["register", "scaling", "breakdown"]
 
 OutOpt = Annotated[Path, typer.Option("--output", "-o", help="Figure to write: .png, .svg or .pdf.",
                                       show_default=False)]
 MachineOpt = Annotated[str, typer.Option("--machine", help="Shipped machine or path to a machine YAML.")]
-BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.", min=1)]
-SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", min=1)]
-MbsOpt = Annotated[str, typer.Option("--micro-batch", help="Per-GPU micro-batch sizes to search, e.g. 1,2,4.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the figure if it exists.")]
 
 
@@ -47,20 +49,7 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def _options(global_batch: int, seq_len: int, micro_batch: str) -> Any:
-    from pydantic import ValidationError
-
-    from axoplan.errors import AxoplanError
-    from axoplan.options import RunOptions
-    from axoplan.schema import describe_validation_error
-
-    try:
-        return RunOptions(global_batch=global_batch, seq_len=seq_len,
-                          micro_batches=tuple(_ints(micro_batch, "--micro-batch")))
-    except ValidationError as err:
-        raise AxoplanError(describe_validation_error(err, "run options", RunOptions)) from None
-
-
+@shared_options(model=False)
 def scaling(
     output: OutOpt,
     machine: MachineOpt = "frontier",
@@ -68,10 +57,9 @@ def scaling(
     gpus: Annotated[str | None, typer.Option(
         "--gpus", help="Comma-separated GPU counts (default: one node, then doubling up to 512 nodes).",
         show_default=False)] = None,
-    global_batch: BatchOpt = 2048,
-    seq_len: SeqOpt = 2048,
-    micro_batch: MbsOpt = "1,2,4,8",
     force: ForceOpt = False,
+    *,
+    run_options: RunOptions,
 ) -> None:
     """Predicted TFLOP/s per GPU and seconds per iteration against GPU count, for several
     model sizes, using the best feasible layout at each count."""
@@ -83,7 +71,7 @@ def scaling(
     mach = load_machine(machine)
     specs = [load_model(name.strip()) for name in models.split(",") if name.strip()]
     counts = _ints(gpus, "--gpus") if gpus else [mach.devices_per_node * 2**k for k in range(10)]
-    opts = _options(global_batch, seq_len, micro_batch)
+    opts = run_options
     points = plots.scaling_points(mach, specs, counts, opts)
     plots.save_figure(plots.scaling(points, mach, opts), output, force=force)
     rows = [[r.model, str(r.gpus), r.layout or "none fits", f"{r.t_step_s:.4g}", f"{r.tflops_per_gpu:.1f}"]
@@ -93,24 +81,23 @@ def scaling(
     typer.echo(f"\nwrote {output}")
 
 
+@shared_options()
 def breakdown(
     output: OutOpt,
-    model: Annotated[str, typer.Option("--model", "-m", help="Preset or path to a model YAML.", show_default=False)],
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Number of GPUs.", min=1, show_default=False)],
     machine: MachineOpt = "frontier",
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="How many of the best layouts to draw.")] = 8,
-    global_batch: BatchOpt = 2048,
-    seq_len: SeqOpt = 2048,
-    micro_batch: MbsOpt = "1,2,4,8",
     force: ForceOpt = False,
+    *,
+    run_options: RunOptions,
+    model_flags: ModelFlags,
 ) -> None:
     """Stacked predicted breakdown (GEMM, non-GEMM, optimizer, exposed communication per
     axis) of the best layouts of --gpus GPUs."""
     from axoplan.machine import load_machine
-    from axoplan.model import load_model
     from axoplan.ranking import rank
     from axoplan.validate import plots
 
-    result = rank(load_model(model), load_machine(machine), _options(global_batch, seq_len, micro_batch), gpus)
+    result = rank(model_flags.load(), load_machine(machine), run_options, gpus)
     plots.save_figure(plots.top_layouts(result, top), output, force=force)
     typer.echo(f"wrote {output}")

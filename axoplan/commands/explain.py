@@ -1,0 +1,59 @@
+"""`axoplan explain`: one layout's collectives, compute and memory.
+
+    axoplan explain --model 320B --gpus 32768 --machine frontier --layout 8x2x512x4
+
+Only typer and the standard library are imported here; the work is imported when the
+command runs, so `axoplan --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, shared_options
+
+if TYPE_CHECKING:
+    from axoplan.options import RunOptions
+
+__all__ = ["explain"]
+
+
+@shared_options()
+def explain(
+    *,
+    gpus: GpusOpt,
+    machine: MachineOpt = "frontier",
+    layout: Annotated[str | None, typer.Option("--layout", "-l", help="Gx x Gy x Gz x Gdata, e.g. 8x2x512x4.")] = None,
+    rank_: Annotated[int | None, typer.Option("--rank", "-r", min=1, help="Explain the layout ranked N.")] = None,
+    run_options: RunOptions,
+    model_flags: ModelFlags,
+) -> None:
+    """Explain one layout: each collective (group, size, bytes, bandwidth, time, hidden part),
+    the compute breakdown and the memory per GPU.
+
+    Give --layout (the best micro-batch and options for it are chosen unless fixed) or
+    --rank N (default 1, the best layout).
+    """
+    from axoplan import report
+    from axoplan.errors import AxoplanError
+    from axoplan.layout import parse_layout
+    from axoplan.machine import load_machine
+    from axoplan.ranking import rank as do_rank
+
+    spec, mach = model_flags.load(), load_machine(machine)
+    if layout is not None and rank_ is not None:
+        raise AxoplanError("give --layout or --rank, not both")
+    lay = parse_layout(layout) if layout is not None else None
+    if lay is not None and lay.world_size != gpus:
+        raise AxoplanError(f"layout {lay} uses {lay.world_size} GPUs but --gpus is {gpus}")
+    result = do_rank(spec, mach, run_options, gpus)
+    if lay is not None:
+        index = result.index_of(lay)
+    else:
+        n = rank_ or 1
+        if n > result.num_feasible:
+            raise AxoplanError(f"--rank {n} but only {result.num_feasible} layouts are feasible")
+        index = int(result.order[n - 1])
+    typer.echo(report.format_explain(result, index))

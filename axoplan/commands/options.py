@@ -1,0 +1,207 @@
+"""The options every planning command shares, declared once: run options and the model.
+
+``RUN_FLAGS`` has one flag per field of :class:`axoplan.options.RunOptions` (a test fails
+when a field has none, or when a default or a choice differs from the field's);
+``MODEL_FLAGS`` names a preset or YAML, or builds a custom model. The decorator
+:func:`shared_options` adds them to a command's signature and hands the command a built
+``RunOptions`` (``run_options``) and a :class:`ModelFlags` (``model_flags``), so `rank`,
+`explain`, `export` and `plot` take the same flags with the same defaults and help.
+
+Only typer and the standard library are imported here (the CLI starts fast); pydantic
+and the option model are imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+__all__ = ["Flag", "RUN_FLAGS", "MODEL_FLAGS", "ModelFlags", "shared_options", "OnOffSearch", "Attention",
+           "Precision", "GradReduceDtype", "parse_ints", "GpusOpt", "MachineOpt"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OnOffSearch(StrEnum):
+    on = "on"
+    off = "off"
+    search = "search"
+
+
+class Attention(StrEnum):
+    flash = "flash"
+    unfused = "unfused"
+
+
+class Precision(StrEnum):
+    bf16 = "bf16"
+
+
+class GradReduceDtype(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One command-line option: the Python parameter `name`, its declarations, type and default."""
+
+    name: str
+    decls: tuple[str, ...]
+    type: Any
+    default: Any
+    help: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The flag as a user types it (its first long name)."""
+        return self.decls[0].split("/")[0]
+
+    def parameter(self) -> inspect.Parameter:
+        option = typer.Option(*self.decls, help=self.help, **self.extra)
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default,
+                                 annotation=Annotated[self.type, option])
+
+
+RUN_FLAGS: tuple[Flag, ...] = (
+    Flag("global_batch", ("--global-batch",), int, 2048, "Sequences per optimizer step."),
+    Flag("seq_len", ("--seq-len",), int, 2048, "Tokens per sequence."),
+    Flag("micro_batches", ("--micro-batch",), str, "1,2,4,8", "Per-GPU micro-batch sizes to search, e.g. 1,2,4."),
+    Flag("recompute", ("--recompute",), OnOffSearch, OnOffSearch.search, "Full activation recompute."),
+    Flag("cache_weights", ("--cache-weights",), OnOffSearch, OnOffSearch.search,
+         "Keep Z-gathered weights for the backward."),
+    Flag("overlap_all_reduce", ("--oar/--no-oar",), bool, True, "Overlap the backward all-reduce (OAR)."),
+    Flag("overlap_reduce_scatter", ("--ors/--no-ors",), bool, True, "Overlap Z reduce-scatters (ORS)."),
+    Flag("overlap_all_gather", ("--oag/--no-oag",), bool, True, "Prefetch Z all-gathers (OAG)."),
+    Flag("overlap_forward_all_reduce", ("--overlap-forward-all-reduce/--no-overlap-forward-all-reduce",), bool,
+         False, "2-chunk forward all-reduce overlap."),
+    Flag("attention", ("--attention",), Attention, Attention.flash,
+         "Attention kernel: flash (fused) or unfused (scores materialised in HBM)."),
+    Flag("precision", ("--precision",), Precision, Precision.bf16, "Weights and activations in bf16."),
+    Flag("grad_reduce_dtype", ("--grad-reduce-dtype",), GradReduceDtype, GradReduceDtype.fp32,
+         "Data-parallel gradient all-reduce dtype."),
+)
+"""One flag per RunOptions field, named by the field."""
+
+_CUSTOM = {"layers": "num_layers", "hidden": "hidden", "heads": "num_heads", "kv_heads": "num_kv_heads",
+           "ffn_hidden": "ffn_hidden", "vocab": "vocab"}
+
+MODEL_FLAGS: tuple[Flag, ...] = (
+    Flag("model", ("--model", "-m"), str | None, None, "Preset (see `axoplan models`) or path to a model YAML.",
+         {"show_default": False}),
+    Flag("layers", ("--layers",), int | None, None, "Custom model: number of layers.", {"min": 1}),
+    Flag("hidden", ("--hidden",), int | None, None, "Custom model: hidden size.", {"min": 1}),
+    Flag("heads", ("--heads",), int | None, None, "Custom model: attention heads.", {"min": 1}),
+    Flag("kv_heads", ("--kv-heads",), int | None, None, "Custom model: KV heads (GQA).", {"min": 1}),
+    Flag("ffn_hidden", ("--ffn-hidden",), int | None, None, "Custom model: FFN width.", {"min": 1}),
+    Flag("vocab", ("--vocab",), int | None, None, "Custom model: vocabulary size.", {"min": 1}),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFlags:
+    """The model named on the command line: a preset or YAML (`name`), custom fields, or both."""
+
+    name: str | None
+    custom: dict[str, int | None]
+
+    def load(self) -> Any:
+        """The ModelSpec (AxoplanError when neither a model nor a whole custom model is given)."""
+        from axoplan.errors import AxoplanError
+        from axoplan.model import load_model
+
+        overrides = {_CUSTOM[k]: v for k, v in self.custom.items() if v is not None}
+        if self.name is not None:
+            return load_model(self.name, **overrides)
+        missing = [f"--{k.replace('_', '-')}" for k in ("layers", "hidden", "heads") if self.custom.get(k) is None]
+        if missing:
+            raise AxoplanError(f"give --model NAME|PATH, or a custom model with {', '.join(missing)}")
+        from pydantic import ValidationError
+
+        from axoplan.model import ModelSpec
+        from axoplan.schema import describe_validation_error
+
+        try:
+            return ModelSpec.model_validate(overrides)
+        except ValidationError as err:
+            raise AxoplanError(describe_validation_error(err, "custom model", ModelSpec)) from None
+
+
+def parse_ints(text: str, flag: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); anything else is an AxoplanError naming `flag`."""
+    from axoplan.errors import AxoplanError
+
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise AxoplanError(f"{flag} {text!r} must be comma-separated integers, e.g. 1,2,4") from None
+
+
+def _run_options(values: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
+
+    from axoplan.errors import AxoplanError
+    from axoplan.options import RunOptions
+    from axoplan.schema import describe_validation_error
+
+    fields = {k: v.value if isinstance(v, StrEnum) else v for k, v in values.items()}
+    fields["micro_batches"] = parse_ints(values["micro_batches"], "--micro-batch")
+    try:
+        return RunOptions.model_validate(fields)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, "run options", RunOptions)) from None
+
+
+def _evaluated(annotation: Any, fn: Callable[..., Any]) -> Any:
+    """A postponed (string) annotation evaluated in the command's module."""
+    return eval(annotation, fn.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307
+
+
+def shared_options(*, model: bool = True) -> Callable[[F], F]:
+    """Add the run-option flags (and, with `model`, the model flags) to a command.
+
+    The command declares keyword parameters ``run_options`` (a RunOptions) and, with
+    `model`, ``model_flags`` (a ModelFlags) instead of the flags themselves. The options
+    are built when the command runs; a bad value is an AxoplanError (one line, exit 2).
+    """
+    flags = (*RUN_FLAGS, *(MODEL_FLAGS if model else ()))
+    names = {f.name for f in flags}
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=_evaluated(p.annotation, fn))
+               for p in sig.parameters.values() if p.name not in {"run_options", "model_flags"}]
+        clash = names & {p.name for p in own}
+        if clash:
+            raise TypeError(f"{fn.__name__} declares shared options itself: {sorted(clash)}")
+        head = [f.parameter() for f in flags if f.name == "model"]
+        tail = [f.parameter() for f in flags if f.name != "model"]
+        params = [*head, *own, *tail]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            shared = {name: kwargs.pop(name) for name in names}
+            kwargs["run_options"] = _run_options({f.name: shared[f.name] for f in RUN_FLAGS})
+            if model:
+                custom = {f.name: shared[f.name] for f in MODEL_FLAGS if f.name != "model"}
+                kwargs["model_flags"] = ModelFlags(shared["model"], custom)
+            return fn(**kwargs)
+
+        command.__signature__ = sig.replace(parameters=params, return_annotation=None)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        del command.__wrapped__  # typer reads the signature above, not the wrapped function's
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="Number of GPUs (GCDs on Frontier).")]
+MachineOpt = Annotated[str, typer.Option(
+    "--machine", help="Shipped machine (see `axoplan machines`) or path to a machine YAML.")]

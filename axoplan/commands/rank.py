@@ -1,0 +1,78 @@
+"""`axoplan rank`: every layout of --gpus GPUs by predicted seconds per iteration.
+
+    axoplan rank --model 320B --gpus 32768 --machine frontier
+
+Only typer and the standard library are imported here; the work is imported when the
+command runs, so `axoplan --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, shared_options
+
+if TYPE_CHECKING:
+    from axoplan.options import RunOptions
+
+__all__ = ["rank", "Format"]
+
+
+class Format(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+@shared_options()
+def rank(
+    *,
+    gpus: GpusOpt,
+    machine: MachineOpt = "frontier",
+    top: Annotated[int, typer.Option("--top", "-n", min=1, help="Rows to show.")] = 10,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write ALL candidates (feasible or not, "
+                                             "with reasons) to this .csv or .json file.")] = None,
+    infeasible: Annotated[bool, typer.Option("--infeasible", help="Show infeasible rows and why.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
+    run_options: RunOptions,
+    model_flags: ModelFlags,
+) -> None:
+    """Rank every Gx x Gy x Gz x Gdata layout of --gpus GPUs by predicted seconds per iteration.
+
+    Micro-batch sizes, activation recompute and weight caching are searched too. Infeasible
+    candidates (dimensions not divisible, batch not divisible, out of memory) stay in the
+    --out table with their reason; --infeasible prints them.
+    """
+    from axoplan import report
+    from axoplan.errors import AxoplanError
+    from axoplan.fileio import write_text_atomic
+    from axoplan.machine import load_machine
+    from axoplan.ranking import explain_infeasible
+    from axoplan.ranking import rank as do_rank
+
+    spec, mach = model_flags.load(), load_machine(machine)
+    if gpus < 1:
+        raise AxoplanError(f"--gpus must be a positive number of GPUs, got {gpus}")
+    if out is not None and out.suffix not in {".csv", ".json"}:
+        raise AxoplanError(f"--out {out} must end in .csv or .json")
+    result = do_rank(spec, mach, run_options, gpus)
+    if out is not None:
+        full = [int(i) for i in result.order]
+        text = report.format_json(result, full) if out.suffix == ".json" else report.format_csv(result, full)
+        write_text_atomic(out, text, force=force)
+    if result.num_feasible == 0 and not infeasible:
+        raise AxoplanError(explain_infeasible(result))
+    rows = report.selected_rows(result, top, infeasible)
+    if fmt is Format.table:
+        typer.echo(report.format_table(result, top, infeasible))
+    elif fmt is Format.csv:
+        typer.echo(report.format_csv(result, rows), nl=False)
+    else:
+        typer.echo(report.format_json(result, rows), nl=False)
+    if out is not None:
+        typer.echo(f"wrote all {len(result.candidates)} candidates to {out}", err=True)
