@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +31,7 @@ class Candidates:
     micro_batch: Ints
     recompute: Bools
     cache_weights: Bools
-    order: tuple[str, ...] = DEFAULT_ORDER
+    order: tuple[str, ...] = field(default=DEFAULT_ORDER, kw_only=True)
 
     @classmethod
     def enumerate(cls, world_size: int, options: RunOptions) -> Candidates:
@@ -49,9 +49,9 @@ class Candidates:
         def one(v: object, dtype: type) -> npt.NDArray:
             return np.array([v], dtype=dtype)
 
-        sizes = (one(layout.size(a.name), np.int64) for a in AXIS_DEFS)
-        return cls(*sizes, one(micro_batch, np.int64), one(recompute, bool), one(cache_weights, bool),
-                   order=layout.order)
+        sizes = {a.field: one(layout.size(a.name), np.int64) for a in AXIS_DEFS}
+        return cls(**sizes, micro_batch=one(micro_batch, np.int64), recompute=one(recompute, bool),
+                   cache_weights=one(cache_weights, bool), order=layout.order)
 
     def __len__(self) -> int:
         return int(self.gx.size)

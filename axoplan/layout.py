@@ -13,7 +13,7 @@ placement (``docs/algorithm.md`` §3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,7 @@ class Layout:
     gy: int
     gz: int
     gdata: int
-    order: tuple[str, ...] = DEFAULT_ORDER  # innermost (fastest-varying) axis first
+    order: tuple[str, ...] = field(default=DEFAULT_ORDER, kw_only=True)  # innermost (fastest-varying) first
 
     def __post_init__(self) -> None:
         bad = {a: v for a, v in zip(AXES, self.sizes, strict=True) if v < 1}

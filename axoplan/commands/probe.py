@@ -90,7 +90,7 @@ def _peak(plan: Path | None, machine: str | None) -> tuple[Any, float, str, dict
 
 
 def _config(plan: Any, gemm_sizes: str | None, min_kib: float | None, max_mib: float | None, repeats: int,
-            timeout: float, device: str, dtype: str) -> Any:
+            timeout: float, device: Any, dtype: Any) -> Any:
     from axoplan.errors import AxoplanError
     from axoplan.executor.fragment import ProbeConfig, grid_gemm_shapes, message_sizes, plan_gemm_shapes
 

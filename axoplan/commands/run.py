@@ -94,6 +94,7 @@ def run(
                             dtype=dtype.value, init=init.value, engine=engine.value, fault=fault)
     out = runs if runs is not None else runs_path(plan)
     _check_record_path(out)
+    record: str | None
     if local is not None:
         check_world(config, local, "--local")
         record = _run_local(config, settings, local)

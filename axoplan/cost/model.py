@@ -25,6 +25,7 @@ left after overlapping with the compute named in the last column.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -171,7 +172,7 @@ def _layers(
 
 
 def _layer(
-    spec: LinearLayer, n: Floats, count: int, machine: Machine, options: RunOptions, c: Candidates,
+    spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions, c: Candidates,
     g: _Groups, tokens: Floats, extra_fwd: Floats,
 ) -> _Layer:
     in_axis, out_axis = spec.in_axis, spec.out_axis
@@ -349,10 +350,10 @@ def _step_columns(
     cols = dict(compute)
     totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
     for axis in ("x", "y", "z", "data", "world"):
-        cols[f"t_comm_{axis}_s"] = sum(total for a, total, _ in totals if a == axis)
-        cols[f"t_exposed_{axis}_s"] = sum(exposed for a, _, exposed in totals if a == axis)
-    cols["t_comm_total_s"] = sum(cols[f"t_comm_{a}_s"] for a in ("x", "y", "z", "data", "world"))
-    cols["t_comm_exposed_s"] = sum(cols[f"t_exposed_{a}_s"] for a in ("x", "y", "z", "data", "world"))
+        cols[f"t_comm_{axis}_s"] = cast(Floats, sum(total for a, total, _ in totals if a == axis))
+        cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
+    cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in ("x", "y", "z", "data", "world")))
+    cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in ("x", "y", "z", "data", "world")))
     cols["t_compute_s"] = compute["t_gemm_s"] + compute["t_nongemm_s"] + compute["t_optimizer_s"]
     cols["t_host_idle_s"] = _host_idle_s(model, machine, terms, compute, n_micro)
     step = cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_host_idle_s"]

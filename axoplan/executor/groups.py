@@ -73,7 +73,7 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, native: boo
         got = dist.get_process_group_ranks(groups[axis])
         if got != want:
             raise RuntimeError(f"DeviceMesh group {axis} of rank {rank} is {got}, the planner's order says {want}")
-    groups["world"] = dist.group.WORLD
+    groups["world"] = dist.group.WORLD  # type: ignore[assignment]  # set once the default group exists
     return Groups(layout, rank, coords, groups, mesh)
 
 
@@ -102,6 +102,6 @@ def _wrapped_mesh(layout: Layout, device_type: str, timeout_s: float) -> DeviceM
 
 def _options(backend: str, timeout_s: float) -> Any:
     """Backend options that carry the collective timeout into every subgroup."""
-    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+    options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     options._timeout = timedelta(seconds=timeout_s)
     return options

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,9 +34,9 @@ __all__ = ["GPT4D"]
 class _Biased(nn.Module):
     """A 4D linear plus its whole bias (sliced to this rank's output block)."""
 
-    def __init__(self, linear: nn.Module, bias: torch.Tensor | None) -> None:
+    def __init__(self, linear: Any, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.linear = linear
+        self.linear: Any = linear
         self.bias = nn.Parameter(bias) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -118,10 +119,10 @@ class GPT4D(nn.Module):
         table = self.lm_head if self.spec.tied_embeddings else self.embed
         h = embedding_y(ids.reshape(-1), table)
         if self.spec.max_positions:
-            pos = self.pos.weight[:seq, self.rt.part("x", self.spec.hidden)]
+            pos = self.pos.weight[:seq, self.rt.part("x", self.spec.hidden)]  # type: ignore[index]
             h = (h.view(batch, seq, -1) + pos).view(batch * seq, -1)
         for block in self.blocks:
-            h = self._run_block(block, h, batch, seq)
+            h = self._run_block(block, h, batch, seq)  # type: ignore[arg-type]  # a _Block4D
         logits = self.lm_head(self.ln_f(h))
         return cross_entropy_y(logits, targets.reshape(-1), self.lm_head).mean()
 

@@ -24,11 +24,16 @@ __all__ = ["build_record", "write_record", "runs_path"]
 
 
 class _Result(Protocol):
-    iter_s: list[float]
-    phase_s: dict[str, float]
-    device_name: str
-    backend: str
-    dtype: str
+    @property
+    def iter_s(self) -> list[float]: ...
+    @property
+    def phase_s(self) -> dict[str, float]: ...
+    @property
+    def device_name(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
 
 
 def build_record(plan: LaunchConfig, settings: ExecSettings, result: _Result, torch_version: str,

@@ -221,4 +221,4 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
     before, after = plan_table(plans, all_plans(machine)), plan_table(plans, all_plans(calibrated))
     held = (summarize(before.iloc[hold], top_k), summarize(after.iloc[hold], top_k)) if len(hold) else (None, None)
     return Calibration(machine, calibrated, fitted, unused, summarize(before.iloc[train], top_k),
-                       summarize(after.iloc[train], top_k), *held, holdout, seed)
+                       summarize(after.iloc[train], top_k), held[0], held[1], holdout, seed)

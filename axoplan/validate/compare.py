@@ -188,7 +188,7 @@ def summarize(table: pd.DataFrame, top_k: int = 3) -> Summary:
     """Metrics of a per-plan table (all of it, or a held-out part)."""
     pred, meas = table["predicted_s"].to_numpy(), table["measured_s"].to_numpy()
     if not len(table):
-        return Summary(0, 0, *([math.nan] * 3), "", math.nan, math.nan, math.nan, 0, math.nan, top_k, 0, 0)
+        return Summary(0, 0, math.nan, math.nan, math.nan, "", math.nan, math.nan, math.nan, 0, math.nan, top_k, 0, 0)
     worst_i, worst = metrics.worst_error(pred, meas)
     err = metrics.percent_errors(pred, meas)
     taus, ranks = [], []

@@ -17,6 +17,7 @@ skipped.
 
 from __future__ import annotations
 
+import builtins
 import csv
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -233,7 +234,7 @@ class _Cells:
         except ValueError:
             raise AxoplanError(f"{self.where}: column {name!r}: {value!r} is not a number") from None
 
-    def positive(self, name: str) -> float:
+    def positive(self, name: str) -> builtins.float:
         value = self.float(name)
         if not value > 0:
             raise AxoplanError(f"{self.where}: column {name!r}: {value!r} must be a positive time")

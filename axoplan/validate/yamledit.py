@@ -40,7 +40,8 @@ def _paths(lines: list[str]) -> list[str | None]:
             out.append(None)
             continue
         item, match = _LIST_ITEM.match(line), _KEY.match(line)
-        indent = len((item or match).group("indent")) if (item or match) else len(line) - len(line.lstrip())
+        found = item or match
+        indent = len(found.group("indent")) if found else len(line) - len(line.lstrip())
         while stack and stack[-1][0] >= indent:
             stack.pop()
         if item:
@@ -83,7 +84,7 @@ def edit_values(text: str, values: dict[str, float], note: str) -> str:
         if parent not in paths:
             raise KeyError(path)
         i = paths.index(parent)
-        child = next((j for j in range(i + 1, len(lines)) if paths[j] and paths[j].startswith(parent + ".")), None)
+        child = next((j for j in range(i + 1, len(lines)) if (paths[j] or "").startswith(parent + ".")), None)
         indent = len(lines[child]) - len(lines[child].lstrip()) if child is not None else 2 * (len(parents))
         lines.insert(i + 1, " " * indent + line)
     return "\n".join(lines) + "\n"
