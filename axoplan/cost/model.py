@@ -1,6 +1,6 @@
 """Assemble the per-step time of every candidate from its collectives, compute and overlap.
 
-Per micro-batch and linear layer (``axonn.md`` §1.3; ``X`` is the input-feature group of
+Per micro-batch and linear layer (``docs/algorithm.md`` §4; ``X`` is the input-feature group of
 a plain layer, ``Y`` of a transposed one):
 
 =========  =====================  =========  ================================  ==============
@@ -205,7 +205,7 @@ def _nongemm_fwd_s(
     """Forward time of work that is not a sharded GEMM, per block (and for the logits).
 
     Tokens are split over Gdata·Gz. Heads are split over Y, so attention is repeated by the
-    Gx members of an X group (``axonn.md`` §1.4). The residual stream between blocks is the
+    Gx members of an X group (``docs/algorithm.md`` §1). The residual stream between blocks is the
     transposed layers' output ``[m_l, H/Gx]``: norms and residual adds (``10·H`` elements
     per token) are split over X and repeated over Y; the activation function (``2·F`` GeLU,
     ``3·F`` SwiGLU) works on ``[m_l, F/Gy]``. 2 bytes per element.

@@ -1,7 +1,7 @@
 """Where a communicator's members sit, and the bandwidth its collectives get.
 
 A group along one axis has a *stride* (rank distance between members) and a *size*.
-With ``N`` devices per node (``axonn.md`` §7.2; Plexus ``comm_model.py`` v2):
+With ``N`` devices per node (``docs/algorithm.md`` §3; Plexus ``comm_model.py`` v2):
 
 * the group is **inside a node** when ``stride·size <= N`` and divides ``N``. Its ring runs
   over the link classes its members span; the bus bandwidth is the minimum cut of the

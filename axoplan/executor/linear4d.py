@@ -1,4 +1,4 @@
-"""The 4D linear layer (AxoNN expert mode, ``axonn.md`` §1.2-§1.4) and the per-rank runtime.
+"""The 4D linear layer (AxoNN expert mode, ``docs/algorithm.md`` §1, §4) and the per-rank runtime.
 
 Weight ``W[n, k]``; a *plain* layer splits input features k over X and output features n
 over Y, a *transposed* one the other way round. This rank's block

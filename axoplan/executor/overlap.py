@@ -1,6 +1,6 @@
 """Z all-gathers of weight shards (prefetch, cache) and Z reduce-scatters of their gradients.
 
-**OAG** (``axonn.md`` §1.5): when a layer takes its gathered weight, the gather the run
+**OAG** (``docs/algorithm.md`` §5): when a layer takes its gathered weight, the gather the run
 will need next is started, one ahead. AxoNN walks ``model.modules()`` for "next";
 here the order is *recorded* during the first (warm-up) iteration — every gather that
 was really needed, forward, recompute and backward — and replayed afterwards, so the

@@ -5,7 +5,7 @@ An iteration is one optimizer step: ``grad_accum_steps`` micro-batches of
 then the gradient reductions and the optimizer step::
 
     data   all-reduce of every 4D weight shard's gradient (one flat buffer, in the plan's
-           grad_reduce_dtype)                            — ``axonn.md`` §1.3 "after bwd"
+           grad_reduce_dtype)                            — ``docs/algorithm.md`` §4 "step"
     world  all-reduce of the whole parameters' gradients (norms, biases, positions), each
            counted once (copies on redundant members are zeroed), with the loss appended
 
