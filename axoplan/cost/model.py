@@ -30,6 +30,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.axes import AXES
 from axoplan.candidates import Candidates
 from axoplan.cost import collectives as coll
 from axoplan.cost.compute import attention_s, gemm_s, memory_bound_s
@@ -349,11 +350,12 @@ def _step_columns(
 ) -> dict[str, Floats]:
     cols = dict(compute)
     totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
-    for axis in ("x", "y", "z", "data", "world"):
+    comm_axes = (*AXES, "world")
+    for axis in comm_axes:
         cols[f"t_comm_{axis}_s"] = cast(Floats, sum(total for a, total, _ in totals if a == axis))
         cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
-    cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in ("x", "y", "z", "data", "world")))
-    cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in ("x", "y", "z", "data", "world")))
+    cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
+    cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
     cols["t_compute_s"] = compute["t_gemm_s"] + compute["t_nongemm_s"] + compute["t_optimizer_s"]
     cols["t_host_idle_s"] = _host_idle_s(model, machine, terms, compute, n_micro)
     step = cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_host_idle_s"]

@@ -63,8 +63,10 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
 
 def folder_label(plan: LaunchConfig) -> str:
     """``x4-y8-z512-d2``: the layout with its axis names, safe in a file name."""
-    lay = plan.layout
-    return f"x{lay.gx}-y{lay.gy}-z{lay.gz}-d{lay.gdata}"
+    from axoplan.axes import AXIS_DEFS
+
+    lay = plan.layout.to_layout()
+    return "-".join(f"{a.name[0]}{lay.size(a.name)}" for a in AXIS_DEFS)
 
 
 def _checked_plan(source: Any, i: int, machine_ref: str) -> LaunchConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+from axoplan.axes import AXIS_DEFS
 from axoplan.errors import AxoplanError
 from axoplan.export.job import (
     ENV_PREFIX,
@@ -103,7 +104,7 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
     lines = [
         f"# axoplan export, rank {rank}: {plan.model.name} on {plan.world_size} x {machine.device.name} "
         f"({machine.name}), {values['nodes']} nodes",
-        f"# layout Gx={lay.gx} Gy={lay.gy} Gz={lay.gz} Gdata={lay.gdata}; axonn.init({init})",
+        f"# layout {' '.join(f'{a.label}={getattr(lay, a.field)}' for a in AXIS_DEFS)}; axonn.init({init})",
         f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
         f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",

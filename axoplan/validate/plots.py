@@ -20,6 +20,7 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from axoplan.axes import AXES
 from axoplan.errors import AxoplanError
 from axoplan.fileio import check_writable
 from axoplan.machine import Machine
@@ -36,7 +37,7 @@ FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 _COLORS = dict(zip(PARTS, ("#4c72b0", "#8172b3", "#937860", "#dd8452", "#55a868", "#c44e52", "#da8bc3",
                            "#8c8c8c", "#ccb974", "#cccccc"), strict=True))
 _NONGEMM = {"attention", "elementwise", "nongemm", "non_gemm", "softmax", "norm", "logits", "loss"}
-_AXES = ("x", "y", "z", "data", "world")
+_AXES = (*AXES, "world")
 
 
 def measured_parts(phase_s: dict[str, float], total_s: float) -> dict[str, float]:
