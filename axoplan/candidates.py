@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import AXIS_DEFS, DEFAULT_ORDER, strides
+from axoplan.axes import AXIS_DEFS, DEFAULT_ORDER, check_order, strides
 from axoplan.layout import Layout, ordered_factorizations
 from axoplan.options import RunOptions
 
@@ -34,15 +34,15 @@ class Candidates:
     order: tuple[str, ...] = field(default=DEFAULT_ORDER, kw_only=True)
 
     @classmethod
-    def enumerate(cls, world_size: int, options: RunOptions) -> Candidates:
-        """Every ordered factorization of `world_size` crossed with the searched options."""
+    def enumerate(cls, world_size: int, options: RunOptions, order: tuple[str, ...] = DEFAULT_ORDER) -> Candidates:
+        """Every ordered factorization of `world_size` crossed with the searched options, in rank `order`."""
         gx, gy, gz, gd = ordered_factorizations(world_size)
         mbs = np.array(options.micro_batches, dtype=np.int64)
         rec = np.array(RunOptions.choice_values(options.recompute))
         cache = np.array(RunOptions.choice_values(options.cache_weights))
         lay, mb, rc, ch = (a.ravel() for a in np.meshgrid(
             np.arange(gx.size), np.arange(mbs.size), np.arange(rec.size), np.arange(cache.size), indexing="ij"))
-        return cls(gx[lay], gy[lay], gz[lay], gd[lay], mbs[mb], rec[rc], cache[ch])
+        return cls(gx[lay], gy[lay], gz[lay], gd[lay], mbs[mb], rec[rc], cache[ch], order=check_order(order))
 
     @classmethod
     def single(cls, layout: Layout, micro_batch: int, recompute: bool, cache_weights: bool) -> Candidates:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 
@@ -142,8 +141,8 @@ def test_a_rank_order_that_is_not_a_permutation_is_refused():
 @settings(max_examples=12)
 def test_vectorised_strides_are_each_layouts(order: list[str]):
     """The candidate table's strides (one array per axis) equal each layout's own strides."""
-    c = Candidates.enumerate(24, RunOptions(micro_batches=(1,), recompute="off", cache_weights="off"))
-    c = dataclasses.replace(c, order=tuple(order))
+    c = Candidates.enumerate(24, RunOptions(micro_batches=(1,), recompute="off", cache_weights="off"),
+                             order=tuple(order))
     strides = c.strides()
     for i in range(len(c)):
         lay = c.layout(i)

@@ -233,7 +233,7 @@ def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
 
 def _snapshot(model: GPT4D) -> dict[str, np.ndarray]:
     named = [(n, p) for n, p in model.sharded()] + [(n, p) for n, p, _ in model.replicated()]
-    return {n: p.grad.detach().float().cpu().numpy().copy() for n, p in named}  # type: ignore[union-attr]
+    return {n: p.grad.detach().float().cpu().numpy().copy() for n, p in named}  # type: ignore[union-attr]  # after backward
 
 
 def _reduce_timings(comm: Comm, times: list[float], phases: list[dict[str, float]],
