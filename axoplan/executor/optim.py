@@ -49,7 +49,7 @@ class Optimizer:
     def step(self) -> None:
         live = [i for i, p in enumerate(self.params) if p.grad is not None]
         master = [self._master[i] for i in live]
-        grads = [self.params[i].grad.float() for i in live]  # type: ignore[union-attr]  # live: grad is set  # a no-op for float32 gradients
+        grads = [self.params[i].grad.float() for i in live]  # type: ignore[union-attr]  # live: has grad; no-op for fp32
         self.steps += 1
         if self.kind == "sgd":
             torch._foreach_add_(master, grads, alpha=-self.lr)
