@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError, closest_hint
+from axoplan.fileio import check_readable
 from axoplan.launcher import LauncherSpec
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
@@ -206,8 +207,7 @@ def load_machine(name_or_path: str | Path) -> Machine:
 def _resolve(name: str) -> Path:
     path = Path(name)
     if path.suffix in {".yaml", ".yml"} or path.exists():
-        if not path.is_file():
-            raise AxoplanError(f"machine file {name!r} does not exist")
+        check_readable(path, "machine file")
         return path
     shipped = machines_dir() / f"{name}.yaml"
     if shipped.is_file():

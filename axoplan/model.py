@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError, closest_hint
+from axoplan.fileio import check_readable
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
 __all__ = ["ModelSpec", "LinearLayer", "BLOCK_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS", "layer_axes", "PRESETS",
@@ -223,8 +224,7 @@ def load_model(name_or_path: str | Path, **overrides: int | str | None) -> Model
 def _base_model(name: str) -> ModelSpec:
     path = Path(name)
     if path.suffix in {".yaml", ".yml"} or path.is_file():
-        if not path.is_file():
-            raise AxoplanError(f"model file {name!r} does not exist")
+        check_readable(path, "model file")
         data = load_yaml_mapping(path)
         data.setdefault("name", path.stem)
         try:

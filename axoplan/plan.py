@@ -142,10 +142,9 @@ class LaunchConfig(Frozen):
     @classmethod
     def load(cls, path: str | Path) -> LaunchConfig:
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise AxoplanError(f"cannot read launch config {p}: {exc.strerror}") from None
+        from axoplan.fileio import read_text
+
+        text = read_text(p, "launch config")
         return cls.from_json(text, str(p))
 
 

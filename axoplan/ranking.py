@@ -123,25 +123,25 @@ def explain_infeasible(r: Ranking) -> str:
     if fails["positions"].any():
         return (f"{r.feasibility.text(0, 'positions')} of {r.model.name}; use --seq-len {r.model.max_positions} or "
                 "less, or a model with more positions (max_positions in a model YAML)")
-    shape_ok = ~(fails["dims-x"] | fails["dims-y"] | fails["heads"])
+    shape_ok = ~(fails["dims-x"] | fails["dims-y"] | fails["heads"] | fails["zblock"])
+    fits = shape_ok & ~fails["memory"]
     where = f"{r.world_size} GPUs of {r.machine.name}"
-    if (shape_ok & ~fails["batch"]).any():
-        best = r.column("mem_total_bytes")[shape_ok & ~fails["batch"]].min() / 1e9
+    if shape_ok.any() and not fits.any():  # memory binds whatever the batch
+        best = r.column("mem_total_bytes")[shape_ok].min() / 1e9
         more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
         fix = f"; the smallest GPU count that fits is {more}" if more else ""
         return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU, "
                 f"{r.machine.hbm_usable_bytes / 1e9:.1f} GB usable){fix}")
-    if shape_ok.any():
-        sizes = sorted({int(v) for v in (c.gdata * c.gz)[shape_ok]})[:6]
+    if fits.any():
+        from axoplan.advice import suggest_global_batches
+
+        sizes = sorted({int(v) for v in (c.gdata * c.gz)[fits]})[:6]
+        good = suggest_global_batches(r, fits)
+        fix = f"try --global-batch {' or '.join(map(str, good))}" if good else "no global batch near it fits"
         return (f"global batch {r.options.global_batch} is not divisible by Gdata*Gz*micro-batch for any layout "
-                f"of {where} (Gdata*Gz can be {', '.join(map(str, sizes))}; micro-batches "
-                f"{', '.join(map(str, r.options.micro_batches))}); try --global-batch "
-                f"{_next_multiple(r.options.global_batch, sizes[0] * min(r.options.micro_batches))}")
+                f"of {where} that fits (Gdata*Gz can be {', '.join(map(str, sizes))}; micro-batches "
+                f"{', '.join(map(str, r.options.micro_batches))}); {fix}")
     more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
     fix = f"; the smallest GPU count with a feasible layout is {more}" if more else ""
     return (f"no layout of {where} divides {r.model.name}'s dimensions (hidden {r.model.hidden}, "
             f"FFN {r.model.ffn}, {r.model.num_heads} heads){fix}")
-
-
-def _next_multiple(value: int, base: int) -> int:
-    return -(-value // base) * base

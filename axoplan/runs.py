@@ -57,10 +57,9 @@ def append_run(path: Path, run: MeasuredRun) -> None:
 
 def read_runs(path: Path) -> Iterator[MeasuredRun]:
     """Records of a JSON-lines file; a malformed line is an error naming its line number."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise AxoplanError(f"cannot read runs file {path}: {exc.strerror}") from None
+    from axoplan.fileio import read_text
+
+    lines = read_text(Path(path), "runs file").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

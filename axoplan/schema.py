@@ -15,7 +15,7 @@ __all__ = ["Frozen", "describe_validation_error", "load_yaml_mapping"]
 class Frozen(BaseModel):
     """Base for every model read from a file: frozen, strict about unknown fields."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
 def describe_validation_error(err: ValidationError, source: str, model: type[BaseModel]) -> str:
@@ -63,10 +63,9 @@ def load_yaml_mapping(path: Path) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors name the file and line."""
     import yaml
 
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise AxoplanError(f"cannot read {path}: {exc.strerror}") from None
+    from axoplan.fileio import read_text
+
+    text = read_text(path, "YAML file")
     try:
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~20x faster
         data = yaml.load(text, Loader=loader) or {}  # noqa: S506 - a safe loader either way

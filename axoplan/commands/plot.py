@@ -68,6 +68,7 @@ def scaling(
     from axoplan.report import text_table
     from axoplan.validate import plots
 
+    plots.check_figure_path(output, force)
     mach = load_machine(machine)
     specs = [load_model(name.strip()) for name in models.split(",") if name.strip()]
     counts = _ints(gpus, "--gpus") if gpus else [mach.devices_per_node * 2**k for k in range(10)]
@@ -98,6 +99,7 @@ def breakdown(
     from axoplan.ranking import rank
     from axoplan.validate import plots
 
+    plots.check_figure_path(output, force)
     result = rank(model_flags.load(), load_machine(machine), run_options, gpus)
     plots.save_figure(plots.top_layouts(result, top), output, force=force)
     typer.echo(f"wrote {output}")

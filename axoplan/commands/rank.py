@@ -50,7 +50,7 @@ def rank(
     """
     from axoplan import report
     from axoplan.errors import AxoplanError
-    from axoplan.fileio import write_text_atomic
+    from axoplan.fileio import check_writable, write_text_atomic
     from axoplan.machine import load_machine
     from axoplan.ranking import explain_infeasible
     from axoplan.ranking import rank as do_rank
@@ -60,6 +60,8 @@ def rank(
         raise AxoplanError(f"--gpus must be a positive number of GPUs, got {gpus}")
     if out is not None and out.suffix not in {".csv", ".json"}:
         raise AxoplanError(f"--out {out} must end in .csv or .json")
+    if out is not None:
+        check_writable(out, force, "--out")
     result = do_rank(spec, mach, run_options, gpus)
     if out is not None:
         full = [int(i) for i in result.order]

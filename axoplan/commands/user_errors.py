@@ -1,4 +1,5 @@
-"""The CLI's error path: an AxoplanError becomes one ``axoplan: error: ...`` line and exit 2."""
+"""The CLI's error path: an AxoplanError (or a file error that escaped ``axoplan.fileio``) becomes one
+``axoplan: error: ...`` line and exit 2."""
 
 from __future__ import annotations
 
@@ -24,6 +25,14 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except AxoplanError as err:
             typer.echo(f"axoplan: error: {err}", err=True)
+            raise typer.Exit(2) from None
+        except (OSError, UnicodeDecodeError) as exc:  # a file path that escaped axoplan.fileio: still one line
+            from pathlib import Path
+
+            from axoplan.fileio import file_error
+
+            where = getattr(exc, "filename", None) or "input"
+            typer.echo(f"axoplan: error: {file_error(Path(str(where)), exc)}", err=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

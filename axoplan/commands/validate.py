@@ -44,12 +44,17 @@ def validate(
     the predicted top K.
     """
     from axoplan.errors import AxoplanError
+    from axoplan.fileio import check_writable
     from axoplan.validate.compare import validate as compare
     from axoplan.validate.records import check_machine, load_runs, recorded_machine
     from axoplan.validate.report import format_validation
 
     if out is not None and out.suffix not in {".csv", ".json"}:
         raise AxoplanError(f"--out {out} must end in .csv or .json")
+    if out is not None:
+        check_writable(out, force, "--out")
+    if plots is not None and plots.exists() and not plots.is_dir():
+        raise AxoplanError(f"--plots {plots} is a file; give a folder")
     measured = load_runs(runs)
     ref = machine or recorded_machine(measured)
     mach = resolve_machine(ref)
@@ -89,11 +94,12 @@ def _write_table(table: Any, out: Path, force: bool) -> None:
 
 def _write_plots(result: Any, folder: Path, force: bool) -> None:
     from axoplan.errors import AxoplanError
+    from axoplan.fileio import make_folder
     from axoplan.validate import plots
 
     if folder.exists() and not folder.is_dir():
         raise AxoplanError(f"--plots {folder} is a file; give a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, "--plots")
     figures = {"predicted_vs_measured": plots.predicted_vs_measured(result.table, f"{result.machine.name}: "
                                                                     "predicted vs measured"),
                "breakdown": plots.breakdown(result.table)}

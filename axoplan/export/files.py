@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axoplan.errors import AxoplanError
-from axoplan.fileio import check_writable
+from axoplan.fileio import check_writable, umask
 
 __all__ = ["NewFile", "write_all_or_nothing"]
 
@@ -69,7 +69,7 @@ def _precheck(out_dir: Path, targets: Sequence[Path], force: bool) -> None:
                 break
             if parent.exists() and not parent.is_dir():
                 raise AxoplanError(f"cannot write {t}: {parent} is a file, not a folder")
-        check_writable(t, force)
+        check_writable(t, force, parents=True)
 
 
 def _make_dirs(dirs: Sequence[Path]) -> list[Path]:
@@ -93,14 +93,8 @@ def _remove_dirs(created: Sequence[Path]) -> None:
             d.rmdir()
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _stage(staging: Path, files: Sequence[NewFile]) -> list[Path]:
-    mask = _umask()
+    mask = umask()
     staged = []
     for i, f in enumerate(files):
         path = staging / f"{i:04d}"

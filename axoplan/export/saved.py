@@ -91,10 +91,11 @@ def load_saved_ranking(path: Path, machine_for: Any) -> SavedRanking:
     if path.suffix != ".json":
         raise AxoplanError(f"--ranking {path} must be the .json file written by `axoplan rank --out FILE.json` "
                            f"(a CSV has no model or options)")
+    from axoplan.fileio import read_text
+
+    text = read_text(path, "ranking")
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise AxoplanError(f"cannot read ranking {path}: {exc.strerror}") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AxoplanError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
     try:

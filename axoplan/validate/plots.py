@@ -10,8 +10,6 @@ parts (:data:`PARTS`); time the phases do not cover is drawn as "other".
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from matplotlib.figure import Figure
 
 from axoplan.axes import AXES
 from axoplan.errors import AxoplanError
-from axoplan.fileio import check_writable
+from axoplan.fileio import check_writable, write_with
 from axoplan.machine import Machine
 from axoplan.model import ModelSpec
 from axoplan.options import RunOptions
@@ -30,7 +28,7 @@ from axoplan.ranking import Ranking, rank
 from axoplan.validate.compare import PREDICTED_PARTS
 
 __all__ = ["PARTS", "predicted_vs_measured", "breakdown", "top_layouts", "scaling_points", "scaling",
-           "measured_parts", "save_figure", "FIGURE_SUFFIXES"]
+           "measured_parts", "save_figure", "check_figure_path", "FIGURE_SUFFIXES"]
 
 PARTS: tuple[str, ...] = (*PREDICTED_PARTS, "other")
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -181,20 +179,16 @@ def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions) -> Figu
     return fig
 
 
+def check_figure_path(path: Path, force: bool = False) -> None:
+    """Refuse, before any work, a figure path with an unknown suffix or that cannot be written."""
+    if Path(path).suffix.lower() not in FIGURE_SUFFIXES:
+        raise AxoplanError(f"{path}: a figure must end in {', '.join(FIGURE_SUFFIXES)}")
+    check_writable(Path(path), force, "figure")
+
+
 def save_figure(fig: Figure, path: Path, force: bool = False) -> None:
     """Write `fig` as PNG, SVG or PDF (by extension), atomically; refuse to overwrite without `force`."""
     path = Path(path)
-    if path.suffix.lower() not in FIGURE_SUFFIXES:
-        raise AxoplanError(f"{path}: a figure must end in {', '.join(FIGURE_SUFFIXES)}")
-    check_writable(path, force)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise AxoplanError(f"cannot write {path}: folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, metadata={"Date": None} if path.suffix.lower() == ".svg" else None)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    check_figure_path(path, force)
+    metadata = {"Date": None} if path.suffix.lower() == ".svg" else None
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, metadata=metadata), force=force, suffix=path.suffix)

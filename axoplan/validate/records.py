@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from axoplan.errors import AxoplanError, closest_hint
+from axoplan.fileio import check_readable, read_text
 from axoplan.layout import Layout
 from axoplan.machine import Machine, load_machine
 from axoplan.model import ModelSpec
@@ -83,8 +84,7 @@ def load_runs(paths: Sequence[Path]) -> list[Measured]:
     runs: list[Measured] = []
     for path in paths:
         p = Path(path)
-        if not p.is_file():
-            raise AxoplanError(f"runs file {p} does not exist")
+        check_readable(p, "runs file")
         if p.suffix in {".jsonl", ".json", ".ndjson"}:
             runs.extend(_read_jsonl(p))
         elif p.suffix == ".csv":
@@ -97,16 +97,13 @@ def load_runs(paths: Sequence[Path]) -> list[Measured]:
 
 
 def _read_jsonl(path: Path) -> list[Measured]:
-    numbers = [n for n, line in enumerate(path.read_text().splitlines(), start=1) if line.strip()]
+    numbers = [n for n, line in enumerate(read_text(path, "runs file").splitlines(), start=1) if line.strip()]
     return [Measured(r.plan, r.t_step_s, f"{path}:{n}", r.t_step_std_s, dict(r.phase_s))
             for n, r in zip(numbers, read_runs(path), strict=True)]
 
 
 def _read_csv(path: Path) -> list[Measured]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise AxoplanError(f"cannot read {path}: {exc.strerror}") from None
+    lines = read_text(path, "runs file").splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
     if first is None:
         return []
