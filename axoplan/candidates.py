@@ -42,6 +42,9 @@ class Candidates:
         cache = np.array(RunOptions.choice_values(options.cache_weights))
         lay, mb, rc, ch = (a.ravel() for a in np.meshgrid(
             np.arange(gx.size), np.arange(mbs.size), np.arange(rec.size), np.arange(cache.size), indexing="ij"))
+        if cache.size > 1:  # with Gz = 1 nothing is gathered, so caching is a no-op: one row, not two identical
+            keep = ~((gz[lay] == 1) & cache[ch])
+            lay, mb, rc, ch = lay[keep], mb[keep], rc[keep], ch[keep]
         return cls(gx[lay], gy[lay], gz[lay], gd[lay], mbs[mb], rec[rc], cache[ch], order=check_order(order))
 
     @classmethod

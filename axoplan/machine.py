@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
@@ -37,6 +38,9 @@ class Device(Frozen):
     hbm_bandwidth_gbs: PositiveFloat = Field(description="HBM bandwidth per device, GB/s.")
     reserved_gb: float = Field(
         3.0, ge=0, description="HBM not available to tensors: runtime context, NCCL buffers, fragmentation."
+    )
+    kind: Literal["gpu", "cpu"] = Field(
+        "gpu", description="gpu: runs use NCCL/RCCL; cpu: one gloo rank per 'device' (the executor on a CPU box)."
     )
 
 

@@ -55,6 +55,14 @@ class Ranking:
         """Why candidate i is infeasible, in words ('' if it is feasible)."""
         return self.feasibility.text(i)
 
+    def has_time(self, i: int) -> bool:
+        """Whether candidate i's predicted time means anything: it is feasible, or only memory rules it out.
+
+        A layout that does not divide the model or the batch has no step to time (its
+        micro-batch count is not an integer), so tables show its reason, not a time.
+        """
+        return int(self.reason[i]) in (0, REASONS.index("memory"))
+
     def row(self, i: int) -> dict[str, Any]:
         """Candidate i as a flat, JSON-friendly record."""
         c = self.candidates

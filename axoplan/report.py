@@ -58,9 +58,10 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
     rows = []
     for n, i in enumerate(selected_rows(r, top, infeasible), start=1):
         rec = r.row(i)
-        cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "micro_batch")), _options_label(rec),
-                 f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
-                 f"{rec['t_comm_exposed_s']:.3f}", f"{rec['mem_total_bytes'] / _GB:.1f}"]
+        timed = [f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
+                 f"{rec['t_comm_exposed_s']:.3f}"] if r.has_time(i) else ["-"] * 4
+        cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "micro_batch")), _options_label(rec), *timed,
+                 f"{rec['mem_total_bytes'] / _GB:.1f}"]
         if infeasible:
             cells.append(rec["reason"])
         rows.append(cells)
@@ -106,17 +107,19 @@ def format_explain(r: Ranking, i: int) -> str:
     """Every collective, the compute and the memory of candidate i."""
     rec = r.row(i)
     lay = r.candidates.layout(i)
+    head = f"{r.model.name} on {r.world_size} x {r.machine.name}: layout {_sizes_label(lay)}, " \
+           f"micro-batch {rec['micro_batch']}, {_options_label(rec)}"
+    if not r.has_time(i):
+        return "\n".join([head, f"INFEASIBLE: {rec['reason']}; no step time is predicted for it", "",
+                          _memory_section(r, i)])
     lines = [
-        f"{r.model.name} on {r.world_size} x {r.machine.name}: layout {_sizes_label(lay)}, "
-        f"micro-batch {rec['micro_batch']}, {_options_label(rec)}, "
-        f"{rec['grad_accum']:.0f} micro-batches per step",
+        f"{head}, {rec['grad_accum']:.0f} micro-batches per step",
+        *([f"INFEASIBLE: {rec['reason']}"] if rec["reason"] else []),
         f"predicted {rec['t_step_s']:.4f} s/iter = compute {rec['t_compute_s']:.4f} s + exposed communication "
         f"{rec['t_comm_exposed_s']:.4f} s + host idle {rec['t_host_idle_s']:.4f} s; "
         f"{rec['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
         f"{rec['pct_peak']:.1f}% of peak (MFU {rec['mfu']:.1f}%)",
     ]
-    if rec["reason"]:
-        lines.append(f"INFEASIBLE: {rec['reason']}")
     lines += ["", "Compute per step", text_table(["part", "seconds"], [
         ["GEMMs (all linear layers, fwd + recompute + bwd)", f"{rec['t_gemm_s']:.4f}"],
         ["attention and element-wise (redundant over X)", f"{rec['t_nongemm_s']:.4f}"],
@@ -124,12 +127,16 @@ def format_explain(r: Ranking, i: int) -> str:
         ["host-bound idle (micro-batches below the launch floor)", f"{rec['t_host_idle_s']:.4f}"],
     ], [False, True])]
     lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)", _collectives_table(r, i)]
+    lines += ["", _memory_section(r, i)]
+    return "\n".join(lines)
+
+
+def _memory_section(r: Ranking, i: int) -> str:
     mem = r.prediction.memory
-    lines += ["", f"Memory per GPU ({r.machine.hbm_usable_bytes / _GB:.1f} GB usable)", text_table(
+    return f"Memory per GPU ({r.machine.hbm_usable_bytes / _GB:.1f} GB usable)\n" + text_table(
         ["part", "GB"],
         [[k, f"{getattr(mem, k)[i] / _GB:.2f}"] for k in mem.__slots__] + [["total", f"{mem.total[i] / _GB:.2f}"]],
-        [False, True])]
-    return "\n".join(lines)
+        [False, True])
 
 
 def _collectives_table(r: Ranking, i: int) -> str:

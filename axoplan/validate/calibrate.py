@@ -211,6 +211,11 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
     if not chosen:
         raise AxoplanError("the training runs are not sensitive to any fittable parameter; give runs that "
                            "vary the layout, micro-batch or model")
+    if len(fit_plans) <= len(chosen):
+        names = ", ".join(p.path for p in chosen)
+        raise AxoplanError(f"{len(fit_plans)} training plan(s) cannot determine {len(chosen)} parameters ({names}); "
+                           f"give at least {len(chosen) + 1} distinct plans to fit on (more runs, or a smaller "
+                           f"--holdout), or fit fewer with --params")
     fitted_values, sigma, at_bound = _fit(predictor, measured, machine, chosen)
     values = {k: float(format_value(v)) for k, v in fitted_values.items()}  # as the YAML will hold them
     calibrated = with_values(machine, values)

@@ -49,6 +49,7 @@ class Measured:
     where: str
     t_step_std_s: float = 0.0
     phase_s: Mapping[str, float] = field(default_factory=dict)
+    backend: str = ""  # the collective backend the run recorded (gloo, nccl); "" when the file has none
 
 
 CSV_REQUIRED: tuple[str, ...] = (
@@ -98,7 +99,7 @@ def load_runs(paths: Sequence[Path]) -> list[Measured]:
 
 def _read_jsonl(path: Path) -> list[Measured]:
     numbers = [n for n, line in enumerate(read_text(path, "runs file").splitlines(), start=1) if line.strip()]
-    return [Measured(r.plan, r.t_step_s, f"{path}:{n}", r.t_step_std_s, dict(r.phase_s))
+    return [Measured(r.plan, r.t_step_s, f"{path}:{n}", r.t_step_std_s, dict(r.phase_s), r.backend)
             for n, r in zip(numbers, read_runs(path), strict=True)]
 
 
@@ -302,6 +303,26 @@ def check_machine(runs: Sequence[Measured], machine: Machine, reference: str) ->
         if not machine_matches(run.plan.machine, machine, reference):
             raise AxoplanError(f"{run.where}: run was recorded on machine {run.plan.machine!r}, not "
                                f"{machine.name!r}; validate or calibrate each machine with its own runs")
+    check_device_kind(runs, machine)
+
+
+_BACKEND_KIND = {"nccl": "gpu", "rccl": "gpu", "gloo": "cpu"}  # what torch.distributed ran on; others: unknown
+
+
+def check_device_kind(runs: Sequence[Measured], machine: Machine) -> None:
+    """Refuse runs measured on another kind of device than `machine` describes (a CPU/gloo run vs a GPU machine).
+
+    A CPU rehearsal of a Frontier plan records ``machine: frontier`` but ``backend: gloo``;
+    comparing it with Frontier's predictions reports a meaningless -100 %.
+    """
+    wrong = [r for r in runs if _BACKEND_KIND.get(r.backend, machine.device.kind) != machine.device.kind]
+    if wrong:
+        first = wrong[0]
+        on_gpu = _BACKEND_KIND[first.backend] == "gpu"
+        ran_on = "GPUs" if on_gpu else "CPU ranks"
+        other = "a GPU machine YAML" if on_gpu else "--machine local-cpu (or your CPU's YAML)"
+        raise AxoplanError(f"{first.where}: {len(wrong)} run(s) ran on {ran_on} ({first.backend}) but {machine.name} "
+                           f"describes {machine.device.kind.upper()} devices; validate them with {other}")
 
 
 def recorded_machine(runs: Sequence[Measured]) -> str:
