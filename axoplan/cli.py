@@ -36,5 +36,18 @@ plot.register(app, user_errors)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    sys.exit(app())
+    """Console-script entry point: a usage mistake (a bad flag or value) is one line too, exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # typer's own usage errors: one line instead of a framed box
+        if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+            exc.show()  # type: ignore[attr-defined]  # the help text itself
+            sys.exit(getattr(exc, "exit_code", 2))
+        ctx = getattr(exc, "ctx", None)
+        where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+        sys.stderr.write(f"axoplan: error: {exc.format_message()}{where}\n")
+        sys.exit(2)
+    except typer.Abort:
+        sys.stderr.write("axoplan: aborted\n")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

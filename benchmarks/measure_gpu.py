@@ -123,7 +123,8 @@ def main() -> None:
                       f"{plan.world_size} ranks, {time.perf_counter() - t0:.1f} s", flush=True)
     env["finished"] = _now()
     env_path.write_text(json.dumps(env, indent=2) + "\n")
-    subprocess.run(axoplan("validate", str(runs), "--machine", args.machine), check=True)
+    rehearsal = ["--any-device"] if args.device == "cpu" else []  # CPU ranks standing in for the GPUs
+    subprocess.run(axoplan("validate", str(runs), "--machine", args.machine, *rehearsal), check=True)
 
 
 def _visible_gpus(device: str) -> int:

@@ -24,7 +24,12 @@ import typer
 from axoplan.commands.choices import Device as _Device
 from axoplan.commands.choices import Dtype as _Dtype
 
-__all__ = ["run"]
+__all__ = ["run", "SCALED_GRAD_ACCUM"]
+
+SCALED_GRAD_ACCUM = 2
+"""Micro-batches per iteration of a scaled-down rehearsal unless --grad-accum says otherwise: enough to
+exercise accumulation (and the overlapped reduce-scatters between micro-batches), short enough to finish
+in seconds, where the plan's own count (often 64 or more) kept a laptop busy for minutes with no output."""
 
 
 class _Init(StrEnum):
@@ -57,7 +62,8 @@ def run(
         "--vocab", min=1, help="Scale down: vocabulary size.", show_default=False)] = None,
     grad_accum: Annotated[int | None, typer.Option(
         "--grad-accum", min=1, help="Gradient-accumulation steps (sets the global batch; layout and micro-batch "
-                                    "stay).", show_default=False)] = None,
+                                    "stay). Default: the plan's, or 2 when the model is scaled down.",
+        show_default=False)] = None,
     timeout: Annotated[float, typer.Option(
         "--timeout", min=1, help="Seconds any collective (and start-up) may wait before the run fails.")] = 120.0,
     runs: Annotated[Path | None, typer.Option(
@@ -85,13 +91,19 @@ def run(
     from axoplan.executor.spec import Scale, check_runnable, check_world, make_settings, scale_plan
     from axoplan.plan import LaunchConfig
 
-    config = scale_plan(LaunchConfig.load(plan), Scale(layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab,
-                                                       grad_accum=grad_accum))
+    original = LaunchConfig.load(plan)
+    scaled_down = any(v is not None for v in (layers, hidden, seq_len, vocab))
+    if scaled_down and grad_accum is None and original.grad_accum_steps > SCALED_GRAD_ACCUM:
+        grad_accum = SCALED_GRAD_ACCUM
+        typer.echo(f"scaled-down run: {grad_accum} micro-batches per iteration instead of the plan's "
+                   f"{original.grad_accum_steps} (--grad-accum N to choose)", err=True)
+    config = scale_plan(original, Scale(layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab,
+                                        grad_accum=grad_accum))
     check_runnable(config, engine.value)
     if engine is _Engine.axonn:
         _require_axonn()
     settings = make_settings(iterations=iterations, warmup=warmup, timeout_s=timeout, device=device.value,
-                            dtype=dtype.value, init=init.value, engine=engine.value, fault=fault)
+                            dtype=dtype.value, init=init.value, engine=engine.value, fault=fault, progress=True)
     out = runs if runs is not None else runs_path(plan)
     _check_record_path(out)
     record: str | None

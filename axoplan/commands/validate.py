@@ -35,6 +35,9 @@ def validate(
                                              ".json file.", show_default=False)] = None,
     summary_only: Annotated[bool, typer.Option("--summary-only", help="Print only the summary.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing --out and figure files.")] = False,
+    any_device: Annotated[bool, typer.Option(
+        "--any-device", help="Compare runs measured on another kind of device too (a CPU rehearsal of a GPU "
+                             "plan); refused by default.")] = False,
 ) -> None:
     """Compare measured seconds per iteration with the prediction for each run's plan.
 
@@ -58,7 +61,7 @@ def validate(
     measured = load_runs(runs)
     ref = machine or recorded_machine(measured)
     mach = resolve_machine(ref)
-    check_machine(measured, mach, ref)
+    check_machine(measured, mach, ref, any_device=any_device)
     result = compare(measured, mach, top_k)
     if out is not None:
         _write_table(result.table, out, force)

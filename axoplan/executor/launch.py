@@ -29,7 +29,8 @@ from typing import Any
 
 from axoplan.errors import AxoplanError
 
-__all__ = ["LocalCluster", "RankFailure", "DistEnv", "dist_env", "PRELOAD", "describe_exception", "resolve_task"]
+__all__ = ["LocalCluster", "RankFailure", "DistEnv", "dist_env", "PRELOAD", "describe_exception", "resolve_task",
+           "oom_kills"]
 
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.utils.checkpoint",
            "axoplan.executor.worker"]
@@ -141,6 +142,7 @@ class LocalCluster:
         self._procs: list[Any] = []
         self._tasks: list[Any] = []
         self._results: Any = None
+        self._oom_kills_at_start: int | None = None
         self.broken = False
 
     def __enter__(self) -> LocalCluster:
@@ -151,6 +153,7 @@ class LocalCluster:
         self.close()
 
     def start(self) -> None:
+        self._oom_kills_at_start = oom_kills()
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         port = _free_port()
@@ -190,7 +193,17 @@ class LocalCluster:
             return None
 
     def _dead(self) -> dict[int, str]:
-        return {r: f"died ({_exit_text(p.exitcode)})" for r, p in enumerate(self._procs) if p.exitcode is not None}
+        return {r: f"died ({self._death(p.exitcode)})" for r, p in enumerate(self._procs) if p.exitcode is not None}
+
+    def _death(self, code: int | None) -> str:
+        """How a rank ended; a SIGKILL while this cgroup's OOM-kill count rose is named as out of memory."""
+        text = _exit_text(code)
+        if code != -signal.SIGKILL:
+            return text
+        now, start = oom_kills(), self._oom_kills_at_start
+        if now is None or start is None:
+            return f"{text}; often the kernel's OOM killer: {_OOM_FIX}"
+        return f"out of memory: the kernel's OOM killer sent SIGKILL; {_OOM_FIX}" if now > start else text
 
     def _fail(self, first: dict[int, str]) -> None:
         """Collect the other ranks' reports, stop every rank, raise for the root cause.
@@ -242,6 +255,24 @@ class LocalCluster:
                 p.kill()
             p.join(timeout=5)
         self._procs = []
+
+
+_OOM_FIX = "scale the model down (--layers, --hidden, --seq-len) or run fewer --local ranks"
+_OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")  # cgroup v2, v1
+
+
+def oom_kills(paths: tuple[str, ...] = _OOM_COUNTERS) -> int | None:
+    """How many processes the kernel's OOM killer has ended in this cgroup (None where it cannot be read)."""
+    for path in paths:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset", "Timed out", "timed out", "Read error")

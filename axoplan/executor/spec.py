@@ -36,6 +36,7 @@ class ExecSettings(Frozen):
     phase_timing: bool = Field(True, description="Time every phase (GEMM, each collective, waits).")
     engine: Literal["native", "axonn"] = Field("native", description="axonn: AxoNN's expert-mode linears (GPU).")
     trace: bool = Field(False, description="Record the last iteration's op sequence (benchmarks).")
+    progress: bool = Field(False, description="Rank 0 prints one line per iteration on stderr.")
     fault: str = Field("", pattern=r"^(\d+:(raise|exit|kill|hang)@\d+)?$",
                        description="Fault drill 'RANK:KIND@ITERATION': that rank raises, exits, is killed or "
                                    "hangs when the iteration starts (to check a cluster's failure handling).")

@@ -20,6 +20,7 @@ import os
 import platform
 import signal
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -124,10 +125,20 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
         if it >= settings.warmup:
             times.append(elapsed)
             phases.append(timer.collect())
+        if settings.progress and groups.rank == 0:
+            _progress(it, settings, elapsed)
     trace, timer.trace = timer.trace, None
     iter_s, phase_s = _reduce_timings(rt.comm, times, phases, device)
     return RankResult(groups.rank, losses, iter_s, phase_s, grads, device_name(device),
                       torch.distributed.get_backend(), str(dtype).removeprefix("torch."), trace)
+
+
+def _progress(it: int, settings: ExecSettings, elapsed_s: float) -> None:
+    """One line per iteration on stderr (rank 0), so a long run is never silent."""
+    total = settings.warmup + settings.iterations
+    kind = "warm-up" if it < settings.warmup else "timed"
+    sys.stderr.write(f"iteration {it + 1} of {total} ({kind}): {elapsed_s:.3f} s\n")
+    sys.stderr.flush()
 
 
 def _axonn_model(plan: LaunchConfig, params: dict[str, torch.Tensor], rt: Runtime, vocab: int,

@@ -297,13 +297,15 @@ def machine_matches(recorded: str, machine: Machine, reference: str) -> bool:
     return recorded in names or Path(recorded).stem in names
 
 
-def check_machine(runs: Sequence[Measured], machine: Machine, reference: str) -> None:
-    """Refuse runs recorded on another machine than `machine` (name them, with their line)."""
+def check_machine(runs: Sequence[Measured], machine: Machine, reference: str, any_device: bool = False) -> None:
+    """Refuse runs recorded on another machine than `machine` (name them, with their line), or on another
+    kind of device unless `any_device`."""
     for run in runs:
         if not machine_matches(run.plan.machine, machine, reference):
             raise AxoplanError(f"{run.where}: run was recorded on machine {run.plan.machine!r}, not "
                                f"{machine.name!r}; validate or calibrate each machine with its own runs")
-    check_device_kind(runs, machine)
+    if not any_device:
+        check_device_kind(runs, machine)
 
 
 _BACKEND_KIND = {"nccl": "gpu", "rccl": "gpu", "gloo": "cpu"}  # what torch.distributed ran on; others: unknown
@@ -322,7 +324,8 @@ def check_device_kind(runs: Sequence[Measured], machine: Machine) -> None:
         ran_on = "GPUs" if on_gpu else "CPU ranks"
         other = "a GPU machine YAML" if on_gpu else "--machine local-cpu (or your CPU's YAML)"
         raise AxoplanError(f"{first.where}: {len(wrong)} run(s) ran on {ran_on} ({first.backend}) but {machine.name} "
-                           f"describes {machine.device.kind.upper()} devices; validate them with {other}")
+                           f"describes {machine.device.kind.upper()} devices; validate them with {other}, or pass "
+                           f"--any-device to compare anyway")
 
 
 def recorded_machine(runs: Sequence[Measured]) -> str:

@@ -1,0 +1,254 @@
+"""Every bad input a user can type gets one clear line: exit 2, no traceback, nothing written.
+
+Each case runs the real `axoplan` entry point in one shared workspace of prepared files
+(a binary file, a folder, YAMLs with an infinite or unknown field, existing outputs, a plan,
+measured runs). After each case the workspace must be byte for byte what it was: no output
+appeared, no existing file was replaced, no temporary file was left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from axoplan.machine import machines_dir
+from tests.conftest import REPO, run_cli
+
+VTRAIN = str(REPO / "data" / "measured" / "vtrain_a100_single_node_pp1.csv")
+CPU_RUNS = str(REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl")
+RANK = ("rank", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
+EXPLAIN = ("explain", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
+EXPORT = ("export", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
+PLOT_B = ("plot", "breakdown", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
+PLOT_S = ("plot", "scaling", "--machine", "dgx-h100", "--models", "5B", "--gpus", "8")
+CAL = ("calibrate", VTRAIN, "--machine", "dgx-a100")
+TINY_EXPORT = ("export", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128", "--seq-len", "16",
+               "--gpus", "2", "--machine", "local-cpu", "--global-batch", "8", "--top", "1", "--allow-partial-nodes")
+
+# (id, arguments, a fragment the one error line must contain)
+CASES: list[tuple[str, tuple[str, ...], str]] = [
+    # --- names and numbers (clean before issue 12; kept clean) ---
+    ("unknown-model", ("rank", "--model", "32B", "--gpus", "64"), "did you mean '320B'"),
+    ("unknown-machine", ("rank", "--model", "5B", "--gpus", "64", "--machine", "frontr"), "did you mean 'frontier'"),
+    ("gpus-zero", ("rank", "--model", "5B", "--gpus", "0"), "--gpus must be a positive number"),
+    ("gpus-negative", ("rank", "--model", "5B", "--gpus", "-8"), "--gpus must be a positive number"),
+    ("gpus-word", ("rank", "--model", "5B", "--gpus", "eight"), "Invalid value for '--gpus'"),
+    ("gpus-missing", ("rank", "--model", "5B"), "--gpus"),
+    ("gpus-too-many", ("rank", "--model", "5B", "--gpus", str(1 << 25)), "larger than axoplan handles"),
+    ("micro-batch-word", (*RANK, "--micro-batch", "x"), "comma-separated integers"),
+    ("micro-batch-zero", (*RANK, "--micro-batch", "0"), "micro"),
+    ("global-batch-zero", (*RANK, "--global-batch", "0"), "global"),
+    ("global-batch-word", (*RANK, "--global-batch", "many"), "Invalid value for '--global-batch'"),
+    ("seq-len-zero", (*RANK, "--seq-len", "0"), "seq"),
+    ("seq-len-too-long", (*RANK, "--seq-len", "4096"), "learned positions"),
+    ("recompute-bad", (*RANK, "--recompute", "maybe"), "maybe"),
+    ("cache-bad", (*RANK, "--cache-weights", "sometimes"), "sometimes"),
+    ("attention-bad", (*RANK, "--attention", "sparse"), "sparse"),
+    ("grad-reduce-bad", (*RANK, "--grad-reduce-dtype", "fp8"), "fp8"),
+    ("format-bad", (*RANK, "--format", "xml"), "xml"),
+    ("top-zero", (*RANK, "--top", "0"), "top"),
+    ("unknown-flag", (*RANK, "--fast"), "--fast"),
+    ("custom-no-heads", ("rank", "--gpus", "8", "--layers", "4", "--hidden", "64"), "--heads"),
+    ("custom-layers-zero", ("rank", "--gpus", "8", "--layers", "0", "--hidden", "64", "--heads", "4"), "layers"),
+    ("custom-heads-not-dividing", ("rank", "--gpus", "8", "--layers", "2", "--hidden", "100", "--heads", "3"),
+     "head"),
+    ("batch-advice-7", ("rank", "--model", "5B", "--gpus", "7", "--machine", "dgx-h100"), "try --global-batch 2044"),
+    ("batch-advice-custom", ("rank", "--layers", "2", "--hidden", "90", "--heads", "3", "--gpus", "8",
+                             "--global-batch", "1", "--micro-batch", "1"), "try --global-batch 4"),
+    ("memory-binds", ("rank", "--model", "320B", "--gpus", "12", "--machine", "alps"), "fits 320B in memory"),
+    ("memory-before-batch", ("rank", "--model", "320B", "--gpus", "12", "--machine", "alps", "--global-batch", "7"),
+     "in memory"),
+    ("batch-advice-near", ("rank", "--model", "5B", "--gpus", "64", "--global-batch", "3", "--micro-batch", "2"),
+     "try --global-batch 4"),
+    ("batch-advice-6144", ("rank", "--model", "320B", "--gpus", "6144", "--machine", "alps"),
+     "try --global-batch 1536 or 3072 or 6144"),
+    # --- machine and model files ---
+    ("machine-missing-yaml", ("rank", "--model", "5B", "--gpus", "8", "--machine", "nothere.yaml"), "does not exist"),
+    ("machine-folder", ("rank", "--model", "5B", "--gpus", "8", "--machine", "adir"), "is a folder"),
+    ("machine-binary", ("rank", "--model", "5B", "--gpus", "8", "--machine", "binary.yaml"), "not a UTF-8"),
+    ("machine-infinite", ("rank", "--model", "5B", "--gpus", "8", "--machine", "infinite.yaml"), "finite"),
+    ("machine-nan", ("rank", "--model", "5B", "--gpus", "8", "--machine", "nan.yaml"), "finite"),
+    ("machine-negative", ("rank", "--model", "5B", "--gpus", "8", "--machine", "negative.yaml"), "hbm_gb"),
+    ("machine-unknown-field", ("rank", "--model", "5B", "--gpus", "8", "--machine", "typo.yaml"),
+     "did you mean 'hbm_gb'"),
+    ("machine-not-yaml", ("rank", "--model", "5B", "--gpus", "8", "--machine", "broken.yaml"), "not valid YAML"),
+    ("machine-list", ("rank", "--model", "5B", "--gpus", "8", "--machine", "list.yaml"), "mapping"),
+    ("machine-empty", ("rank", "--model", "5B", "--gpus", "8", "--machine", "empty.yaml"), "empty.yaml"),
+    ("machine-kind-bad", ("rank", "--model", "5B", "--gpus", "8", "--machine", "kind.yaml"), "kind"),
+    ("model-missing-yaml", ("rank", "--model", "nothere.yaml", "--gpus", "8"), "does not exist"),
+    ("model-folder", ("rank", "--model", "adir.yaml", "--gpus", "8"), "is a folder"),
+    ("model-binary", ("rank", "--model", "binary.yaml", "--gpus", "8"), "not a UTF-8"),
+    ("model-unknown-field", ("rank", "--model", "model-typo.yaml", "--gpus", "8"), "did you mean 'hidden'"),
+    ("model-infinite", ("rank", "--model", "model-inf.yaml", "--gpus", "8"), "hidden"),
+    ("model-negative", ("rank", "--model", "model-neg.yaml", "--gpus", "8"), "num_layers"),
+    # --- rank --out ---
+    ("rank-out-suffix", (*RANK, "--out", "table.txt"), "must end in .csv or .json"),
+    ("rank-out-exists", (*RANK, "--out", "existing.csv"), "already exists"),
+    ("rank-out-folder", (*RANK, "--out", "adir.csv"), "is a folder"),
+    ("rank-out-no-folder", (*RANK, "--out", "nothere/x.csv"), "does not exist"),
+    ("rank-out-under-file", (*RANK, "--out", "afile/x.csv"), "afile"),
+    ("rank-out-json-exists", (*RANK, "--out", "existing.json"), "already exists"),
+    # --- explain ---
+    ("explain-both", (*EXPLAIN, "--layout", "1x1x8x1", "--rank", "1"), "not both"),
+    ("explain-wrong-world", (*EXPLAIN, "--layout", "2x2x2x2"), "uses 16 GPUs"),
+    ("explain-bad-layout", (*EXPLAIN, "--layout", "2by4"), "2by4"),
+    ("explain-layout-zero", (*EXPLAIN, "--layout", "0x8x1x1"), "must be >= 1"),
+    ("explain-rank-too-far", (*EXPLAIN, "--rank", "100000"), "feasible"),
+    ("explain-rank-zero", (*EXPLAIN, "--rank", "0"), "rank"),
+    ("explain-unknown-model", ("explain", "--model", "6B", "--gpus", "8"), "did you mean"),
+    # --- export ---
+    ("export-out-dir-file", (*EXPORT, "--out-dir", "afile"), "afile"),
+    ("export-existing", (*TINY_EXPORT, "--out-dir", "plans"), "already exists"),
+    ("export-top-zero", (*EXPORT, "--top", "0", "--out-dir", "fresh"), "top"),
+    ("export-ranking-missing", ("export", "--ranking", "nothere.json", "--out-dir", "fresh"), "nothere.json"),
+    ("export-ranking-csv", ("export", "--ranking", "existing.csv", "--out-dir", "fresh"), ".json"),
+    ("export-ranking-binary", ("export", "--ranking", "binary.json", "--out-dir", "fresh"), "not a UTF-8"),
+    ("export-ranking-folder", ("export", "--ranking", "adir.json", "--out-dir", "fresh"), "is a folder"),
+    ("export-ranking-not-json", ("export", "--ranking", "notjson.json", "--out-dir", "fresh"), "not valid JSON"),
+    ("export-unknown-machine", ("export", "--model", "5B", "--gpus", "8", "--machine", "dgx-h10", "--out-dir",
+                                "fresh"), "did you mean"),
+    ("export-infeasible-gpus", ("export", "--model", "320B", "--gpus", "12", "--machine", "alps", "--out-dir",
+                                "fresh"), "memory"),
+    # --- run ---
+    ("run-plan-missing", ("run", "nothere/plan.json", "--local", "1"), "nothere"),
+    ("run-plan-folder", ("run", "adir", "--local", "1"), "is a folder"),
+    ("run-plan-binary", ("run", "binary.json", "--local", "1"), "not a UTF-8"),
+    ("run-plan-not-json", ("run", "notjson.json", "--local", "1"), "JSON"),
+    ("run-plan-wrong-schema", ("run", "wrongschema.json", "--local", "1"), "schema version"),
+    ("run-plan-empty-object", ("run", "emptyobject.json", "--local", "1"), "emptyobject.json"),
+    ("run-local-zero", ("run", "plan.json", "--local", "0"), "local"),
+    ("run-local-wrong-world", ("run", "plan.json", "--local", "3"), "3"),
+    ("run-no-launcher", ("run", "plan.json"), "--local N"),
+    ("run-runs-folder", ("run", "plan.json", "--local", "2", "--runs", "adir"), "folder"),
+    ("run-runs-no-folder", ("run", "plan.json", "--local", "2", "--runs", "nothere/runs.jsonl"), "runs"),
+    ("run-fault-bad", ("run", "plan.json", "--local", "2", "--fault", "everywhere"), "fault"),
+    ("run-iterations-zero", ("run", "plan.json", "--local", "2", "--iterations", "0"), "iterations"),
+    ("run-scale-not-dividing", ("run", "plan.json", "--local", "2", "--hidden", "33"), "33"),
+    ("run-device-bad", ("run", "plan.json", "--local", "2", "--device", "tpu"), "tpu"),
+    # --- probe (refused before measuring anything) ---
+    ("probe-out-exists", ("probe", "-o", "existing.yaml", "--local", "1", "--machine", "local-cpu"), "already exists"),
+    ("probe-out-folder", ("probe", "-o", "adir", "--local", "1", "--machine", "local-cpu"), "folder"),
+    ("probe-out-no-folder", ("probe", "-o", "nothere/p.yaml", "--local", "1", "--machine", "local-cpu"),
+     "does not exist"),
+    ("probe-out-under-file", ("probe", "-o", "afile/p.yaml", "--local", "1", "--machine", "local-cpu"), "afile"),
+    ("probe-unknown-machine", ("probe", "-o", "p.yaml", "--local", "1", "--machine", "nowhere"), "unknown machine"),
+    # --- validate ---
+    ("validate-missing", ("validate", "nothere.jsonl"), "does not exist"),
+    ("validate-folder", ("validate", "adir"), "is a folder"),
+    ("validate-binary-csv", ("validate", "binary.csv"), "not a UTF-8"),
+    ("validate-binary-jsonl", ("validate", "binary.jsonl"), "not a UTF-8"),
+    ("validate-suffix", ("validate", "existing.txt"), "unknown runs file type"),
+    ("validate-empty", ("validate", "empty.jsonl"), "no measured runs"),
+    ("validate-malformed-line", ("validate", "malformed.jsonl"), "malformed.jsonl:1"),
+    ("validate-csv-columns", ("validate", "columns.csv"), "columns.csv"),
+    ("validate-out-suffix", ("validate", VTRAIN, "--out", "table.txt"), "must end in .csv or .json"),
+    ("validate-out-exists", ("validate", VTRAIN, "--out", "existing.csv"), "already exists"),
+    ("validate-out-folder", ("validate", VTRAIN, "--out", "adir.csv"), "is a folder"),
+    ("validate-out-no-folder", ("validate", VTRAIN, "--out", "nothere/t.csv"), "does not exist"),
+    ("validate-plots-file", ("validate", VTRAIN, "--plots", "afile"), "is a file"),
+    ("validate-cpu-run-vs-frontier", ("validate", "cpu-as-frontier.jsonl"), "ran on CPU ranks (gloo)"),
+    ("validate-cpu-run-vs-gpu-machine", ("validate", CPU_RUNS, "--machine", "dgx-a100"), "machine"),
+    ("validate-unknown-machine", ("validate", VTRAIN, "--machine", "dgx-a10"), "did you mean"),
+    # --- calibrate ---
+    ("calibrate-out-suffix", (*CAL, "-o", "fit.txt"), "must end in .yaml"),
+    ("calibrate-out-exists", (*CAL, "-o", "existing.yaml"), "already exists"),
+    ("calibrate-out-folder", (*CAL, "-o", "adir.yaml"), "is a folder"),
+    ("calibrate-out-no-folder", (*CAL, "-o", "nothere/fit.yaml"), "does not exist"),
+    ("calibrate-out-under-file", (*CAL, "-o", "afile/fit.yaml"), "afile"),
+    ("calibrate-too-few-plans", ("calibrate", "two-plans.jsonl", "--machine", "local-cpu", "-o", "fit.yaml",
+                                 "--holdout", "0"), "cannot determine"),
+    ("calibrate-unknown-param", (*CAL, "-o", "fit.yaml", "--params", "gemm.speed"), "gemm.speed"),
+    ("calibrate-holdout-range", (*CAL, "-o", "fit.yaml", "--holdout", "1.5"), "--holdout 1.5"),
+    ("calibrate-cpu-vs-gpu", ("calibrate", "cpu-as-frontier.jsonl", "--machine", "frontier", "-o", "fit.yaml"),
+     "ran on CPU ranks"),
+    # --- plot ---
+    ("plot-breakdown-suffix", (*PLOT_B, "-o", "fig.txt"), "a figure must end in"),
+    ("plot-breakdown-exists", (*PLOT_B, "-o", "existing.png"), "already exists"),
+    ("plot-breakdown-no-folder", (*PLOT_B, "-o", "nothere/f.png"), "does not exist"),
+    ("plot-breakdown-folder", (*PLOT_B, "-o", "adir.png"), "is a folder"),
+    ("plot-scaling-suffix", (*PLOT_S, "-o", "fig.txt"), "a figure must end in"),
+    ("plot-scaling-exists", (*PLOT_S, "-o", "existing.png"), "already exists"),
+    ("plot-scaling-under-file", (*PLOT_S, "-o", "afile/f.png"), "afile"),
+    ("plot-scaling-unknown-model", ("plot", "scaling", "--models", "5B,7Q", "-o", "f.png"), "7Q"),
+    ("plot-scaling-bad-gpus", ("plot", "scaling", "--gpus", "8,x", "-o", "f.png"), "--gpus"),
+]
+
+
+def _machine_yaml(**device: object) -> str:
+    data = yaml.safe_load((machines_dir() / "dgx-h100.yaml").read_text())
+    data["device"].update(device)
+    return yaml.safe_dump(data)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ws = tmp_path_factory.mktemp("bad-input")
+    binary = b"\xff\xfe\x00\x89PNG\r\n binary"
+    for name in ("binary.yaml", "binary.json", "binary.csv", "binary.jsonl"):
+        (ws / name).write_bytes(binary)
+    for name in ("adir", "adir.yaml", "adir.csv", "adir.json", "adir.png"):
+        (ws / name).mkdir()
+    (ws / "afile").write_text("a file, not a folder\n")
+    for name in ("existing.csv", "existing.json", "existing.yaml", "existing.png", "existing.txt"):
+        (ws / name).write_text(f"the user's own {name}\n")
+    (ws / "infinite.yaml").write_text(_machine_yaml().replace("hbm_gb: 80", "hbm_gb: 1e400"))
+    (ws / "nan.yaml").write_text(_machine_yaml(hbm_bandwidth_gbs=float("nan")))
+    (ws / "negative.yaml").write_text(_machine_yaml(hbm_gb=-1))
+    (ws / "typo.yaml").write_text(_machine_yaml().replace("hbm_gb:", "hbm_gbb:"))
+    (ws / "kind.yaml").write_text(_machine_yaml(kind="tpu"))
+    (ws / "broken.yaml").write_text("name: broken\ndevice: [unclosed\n")
+    (ws / "list.yaml").write_text("- one\n- two\n")
+    (ws / "empty.yaml").write_text("")
+    (ws / "model-typo.yaml").write_text("num_layers: 4\nhiden: 1024\nnum_heads: 16\n")
+    (ws / "model-inf.yaml").write_text("num_layers: 4\nhidden: .inf\nnum_heads: 16\n")
+    (ws / "model-neg.yaml").write_text("num_layers: -4\nhidden: 1024\nnum_heads: 16\n")
+    (ws / "notjson.json").write_text("{not json\n")
+    (ws / "emptyobject.json").write_text("{}\n")
+    (ws / "empty.jsonl").write_text("\n")
+    (ws / "malformed.jsonl").write_text("{this is not a record\n")
+    (ws / "columns.csv").write_text("machine,layers\nfrontier,4\n")
+    done = run_cli(*TINY_EXPORT, "--out-dir", str(ws / "plans"))
+    assert done.returncode == 0, done.stderr
+    [plan] = (ws / "plans").glob("*/plan.json")
+    shutil.copy(plan, ws / "plan.json")
+    data = json.loads(plan.read_text())
+    (ws / "wrongschema.json").write_text(json.dumps({**data, "schema_version": 99}))
+    records = (REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl").read_text().splitlines()
+    as_frontier = [json.loads(line) for line in records[:12]]
+    for rec in as_frontier:
+        rec["plan"]["machine"] = "frontier"
+    (ws / "cpu-as-frontier.jsonl").write_text("".join(json.dumps(r) + "\n" for r in as_frontier))
+    by_plan: dict[str, str] = {}
+    for line in records:
+        by_plan.setdefault(json.loads(line)["plan_id"], line)
+    (ws / "two-plans.jsonl").write_text("".join(line + "\n" for line in list(by_plan.values())[:2]))
+    return ws
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file and folder under `folder` with a hash of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_the_table_is_large_and_its_ids_unique() -> None:
+    ids = [case[0] for case in CASES]
+    assert len(ids) >= 100 and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_input_is_one_clean_line(workspace: Path, args: tuple[str, ...], fragment: str) -> None:
+    before = _snapshot(workspace)
+    done = run_cli(*args, cwd=workspace)
+    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-2000:])
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr
+    assert len(lines) == 1 and lines[0].startswith("axoplan: error:"), done.stderr
+    assert fragment in done.stderr, done.stderr
+    assert _snapshot(workspace) == before  # nothing written, nothing replaced, no temporary left
+
