@@ -37,7 +37,9 @@ class Device(Frozen):
     hbm_gb: PositiveFloat = Field(description="HBM capacity per device, GB (1e9 bytes).")
     hbm_bandwidth_gbs: PositiveFloat = Field(description="HBM bandwidth per device, GB/s.")
     reserved_gb: float = Field(
-        3.0, ge=0, description="HBM not available to tensors: runtime context, NCCL buffers, fragmentation."
+        3.0, ge=0, description="Allocator reserve: HBM not available to live tensors (runtime context, "
+        "collective-library buffers, caching-allocator fragmentation), taken off hbm_gb once; "
+        "default 3.0 GB [assumed; calibrate]."
     )
     kind: Literal["gpu", "cpu"] = Field(
         "gpu", description="gpu: runs use NCCL/RCCL; cpu: one gloo rank per 'device' (the executor on a CPU box)."

@@ -96,3 +96,15 @@ def test_wheel_contains_machine_yamls(tmp_path: Path):
     names = zipfile.ZipFile(wheel).namelist()
     for name in REQUIRED:
         assert f"axoplan/machines/{name}.yaml" in names
+
+
+def test_dgx_a100_80gb_differs_from_dgx_a100_only_in_memory():
+    """The 80 GB DGX A100 is the 40 GB file with the 80 GB part's capacity and HBM2e bandwidth
+    (NVIDIA A100 datasheet: 80 GB, 2,039 GB/s); links, NICs and GEMM figures are the same."""
+    a40, a80 = load_machine("dgx-a100"), load_machine("dgx-a100-80gb")
+    assert a80.device.hbm_gb == 80 and a80.device.hbm_bandwidth_gbs == 2039
+    assert a80.device.peak_bf16_tflops == a40.device.peak_bf16_tflops == 312
+    assert a80.devices_per_node == 8 and a80.inter_node.injection_gbs == a40.inter_node.injection_gbs
+    # the allocator reserve (Device.reserved_gb) is taken off capacity once: 80 - 3 GB usable
+    assert a80.device.reserved_gb == 3.0
+    assert a80.hbm_usable_bytes == pytest.approx(77e9)
