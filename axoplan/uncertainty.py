@@ -1,0 +1,121 @@
+"""Prediction intervals, probability of being fastest, and ties with the best (issue 10).
+
+The step time of candidate *i* is modelled in log space as a linearisation around the
+machine's current parameters ``p``:
+
+    log t_i(p·e^z) ≈ log t_i(p) + J_i · z + ε_i,   z ~ N(0, Σ),   ε_i ~ N(0, σ_model²)
+
+``J_i = ∂ log t_i / ∂ log p`` is found by one forward difference per parameter (P + 1 cost-
+model evaluations instead of one per Monte-Carlo sample), ``Σ`` is the covariance of the
+parameters' logarithms (a calibration's fit, or the prior of :data:`PRIOR_REL_SIGMA` by
+how each number is sourced), and ``σ_model`` is the model's own error, estimated from held-out
+validation residuals. Intervals are analytic (normal quantiles of ``log t``); the
+probability that each candidate is fastest is estimated by sampling ``z`` and ``ε`` with
+common random numbers (every candidate sees the same parameter draws, so candidates that
+share a bottleneck move together). Only *contenders* (feasible, within a factor of the best
+point prediction) are sampled; the rest have probability zero of being best.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy.stats import norm
+
+__all__ = ["PRIOR_REL_SIGMA", "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities"]
+
+Floats = npt.NDArray[np.float64]
+
+PRIOR_REL_SIGMA: dict[str, float] = {"measured": 0.05, "vendor": 0.15, "assumption": 0.40}
+"""One-sigma relative spread of a parameter by how its number is sourced [decision, docs/uncertainty.md]."""
+
+DEFAULT_SOURCES: dict[str, str] = {
+    "gemm.max_efficiency": "vendor",
+    "gemm.half_efficiency_dim": "assumption",
+    "attention_efficiency": "assumption",
+    "memory_efficiency": "vendor",
+    "intra_node.efficiency": "assumption",
+    "intra_node.latency_us": "assumption",
+    "inter_node.efficiency": "assumption",
+    "inter_node.latency_us": "assumption",
+    "launch_floor_us_per_layer": "assumption",
+}
+"""How each fittable parameter of an uncalibrated shipped machine is sourced."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterSpread:
+    """Covariance of the logarithms of some machine parameters (relative errors)."""
+
+    paths: tuple[str, ...]
+    log_cov: Floats  # P × P
+
+    @property
+    def rel_sigma(self) -> Floats:
+        return np.sqrt(np.diag(self.log_cov))
+
+
+def prior_spread(sources: dict[str, str] | None = None) -> ParameterSpread:
+    """Diagonal prior from each parameter's source (measured, vendor figure, assumption)."""
+    chosen = DEFAULT_SOURCES | (sources or {})
+    paths = tuple(chosen)
+    sig = np.array([PRIOR_REL_SIGMA[chosen[p]] for p in paths])
+    return ParameterSpread(paths, np.diag(sig**2))
+
+
+def sensitivities(step_s: Callable[[dict[str, float]], Floats], values: dict[str, float],
+                  paths: Sequence[str], step: float = 0.05) -> tuple[Floats, Floats]:
+    """Point prediction and ``J = ∂ log t / ∂ log p`` (N × P) by forward differences.
+
+    ``step_s(values)`` evaluates the cost model with the named parameters replaced.
+    """
+    t0 = step_s({})
+    cols = [(np.log(step_s({p: values[p] * np.exp(step)})) - np.log(t0)) / step for p in paths]
+    return t0, np.stack(cols, axis=1) if cols else np.zeros((t0.size, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Intervals:
+    """Per candidate: interval ends, probability of being fastest, tie with the best."""
+
+    low_s: Floats
+    high_s: Floats
+    p_best: Floats
+    tied: npt.NDArray[np.bool_]
+    level: float
+
+
+def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, level: float = 0.8,
+              contenders: npt.NDArray[np.bool_] | None = None, samples: int = 400, seed: int = 0,
+              tie_probability: float = 0.1) -> Intervals:
+    """Central `level` interval of every candidate and P(best) over the contenders.
+
+    A candidate is *tied* with the best point prediction when it beats it in at least
+    `tie_probability` of the joint draws (the best itself is always tied).
+    """
+    var = np.einsum("np,pq,nq->n", jac, log_cov, jac) + model_sigma**2
+    q = norm.ppf(0.5 + level / 2.0) * np.sqrt(var)
+    low, high = t0 * np.exp(-q), t0 * np.exp(q)
+    mask = np.ones(t0.size, bool) if contenders is None else contenders
+    idx = np.flatnonzero(mask)
+    p_best, tied = np.zeros(t0.size), np.zeros(t0.size, bool)
+    if idx.size:
+        rng = np.random.default_rng(seed)
+        chol = _sqrt_psd(log_cov)
+        z = rng.standard_normal((samples, log_cov.shape[0])) @ chol.T
+        eps = rng.standard_normal((samples, idx.size)) * model_sigma
+        logt = np.log(t0[idx])[None, :] + z @ jac[idx].T + eps
+        winner = np.argmin(logt, axis=1)
+        p_best[idx] = np.bincount(winner, minlength=idx.size) / samples
+        best = int(np.argmin(t0[idx]))
+        beats = (logt <= logt[:, [best]]).mean(axis=0)
+        tied[idx] = beats >= tie_probability
+    return Intervals(low, high, p_best, tied, level)
+
+
+def _sqrt_psd(cov: Floats) -> Floats:
+    w, v = np.linalg.eigh(cov)
+    return v * np.sqrt(np.clip(w, 0.0, None))

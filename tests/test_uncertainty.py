@@ -1,0 +1,79 @@
+"""Prediction intervals and P(best) on synthetic data drawn from known parameters and noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from axoplan.candidates import Candidates
+from axoplan.cost.model import predict
+from axoplan.options import RunOptions
+from axoplan.uncertainty import PRIOR_REL_SIGMA, intervals, prior_spread, sensitivities
+from axoplan.validate.calibrate import parameter_value, with_values
+from tests.validate_helpers import SMALL, theory_machine
+
+
+def _synthetic(n: int, p: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t0 = rng.uniform(1.0, 1.2, n)
+    jac = rng.uniform(-1.0, 1.0, (n, p))
+    a = rng.normal(size=(p, p)) * 0.05
+    return t0, jac, a @ a.T + np.eye(p) * 0.01
+
+
+@pytest.mark.parametrize("level", [0.5, 0.8, 0.95])
+def test_intervals_reach_nominal_coverage(level: float) -> None:
+    t0, jac, cov = _synthetic(50, 4, 1)
+    sigma_model = 0.08
+    iv = intervals(t0, jac, cov, sigma_model, level=level, samples=10)
+    rng = np.random.default_rng(7)
+    draws = 4000
+    z = rng.multivariate_normal(np.zeros(4), cov, draws)
+    truth = t0 * np.exp(z @ jac.T + rng.normal(0, sigma_model, (draws, t0.size)))
+    covered = ((truth >= iv.low_s) & (truth <= iv.high_s)).mean()
+    assert abs(covered - level) < 0.02
+
+
+def test_p_best_sums_to_one_and_concentrates_as_noise_falls() -> None:
+    t0, jac, cov = _synthetic(30, 3, 2)
+    t0[5] = 0.9  # a clear point-best
+    spread = []
+    for scale in (1.0, 0.1, 0.01):
+        iv = intervals(t0, jac, cov * scale**2, 0.1 * scale, samples=2000)
+        assert iv.p_best.sum() == pytest.approx(1.0)
+        assert iv.tied[5]
+        spread.append(iv.p_best[5])
+    assert spread[0] < spread[1] < spread[2] or spread[2] == 1.0
+    assert spread[2] > 0.99 and spread[0] < 0.9
+
+
+def test_noncontenders_have_zero_probability_and_ties_need_overlap() -> None:
+    t0 = np.array([1.0, 1.001, 2.0])
+    jac = np.zeros((3, 1))
+    iv = intervals(t0, jac, np.eye(1) * 0.01, 0.05, contenders=np.array([True, True, False]), samples=4000)
+    assert iv.p_best[2] == 0.0 and not iv.tied[2]
+    assert iv.tied[0] and iv.tied[1]
+    assert 0.4 < iv.p_best[0] < 0.6
+
+
+def test_sensitivities_match_the_cost_model_resampled() -> None:
+    """The linearised log-time of a 10% parameter change agrees with re-running the model."""
+    machine, opts = theory_machine(), RunOptions(global_batch=16, seq_len=512, micro_batches=(1, 2))
+    cands = Candidates.enumerate(8, opts)
+    paths = ("gemm.max_efficiency", "intra_node.efficiency")
+    values = {p: parameter_value(machine, p) for p in paths}
+
+    def step_s(v: dict[str, float]) -> np.ndarray:
+        return predict(SMALL, with_values(machine, v), opts, cands).columns["t_step_s"]
+
+    t0, jac = sensitivities(step_s, values, paths, step=0.01)
+    moved = step_s({paths[0]: values[paths[0]] * 0.9})
+    assert np.allclose(np.log(moved / t0), jac[:, 0] * np.log(0.9), atol=0.02)
+    assert jac[:, 0].min() < -0.1  # GEMM-bound layouts are sensitive to GEMM efficiency
+
+
+def test_prior_spread_follows_the_source() -> None:
+    s = prior_spread({"gemm.max_efficiency": "measured"})
+    i = s.paths.index("gemm.max_efficiency")
+    assert s.rel_sigma[i] == pytest.approx(PRIOR_REL_SIGMA["measured"])
+    assert s.rel_sigma[s.paths.index("intra_node.latency_us")] == pytest.approx(PRIOR_REL_SIGMA["assumption"])
