@@ -51,6 +51,9 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
             f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
     headers = ["rank", "Gx", "Gy", "Gz", "Gdata", "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
                "exposed comm s", "mem GB/GPU"]
+    shows_interval = "p_best" in r.prediction.columns and not infeasible
+    if shows_interval:
+        headers[8:8] = ["interval s", "P(best)"]
     if infeasible:
         headers.append("why infeasible")
     rows = []
@@ -59,13 +62,27 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
         cells = [str(n), *(str(rec[k]) for k in ("gx", "gy", "gz", "gdata", "micro_batch")), _options_label(rec),
                  f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
                  f"{rec['t_comm_exposed_s']:.3f}", f"{rec['mem_total_bytes'] / _GB:.1f}"]
+        if shows_interval:
+            cells[7] += " =" if rec["tied"] else ""
+            cells[8:8] = [_interval_text(rec), f"{rec['p_best']:.2f}"]
         if infeasible:
             cells.append(rec["reason"])
         rows.append(cells)
     if not rows:
         return head + "\n(no rows)"
-    right = [True] * 6 + [False] + [True] * 5 + ([False] if infeasible else [])
-    return head + "\n\n" + text_table(headers, rows, right)
+    right = [True] * 6 + [False] + [True] * (7 if shows_interval else 5) + ([False] if infeasible else [])
+    foot = "\n" + _INTERVAL_NOTE if shows_interval else ""
+    return head + "\n\n" + text_table(headers, rows, right) + foot
+
+
+def _interval_text(rec: dict[str, Any]) -> str:
+    low, high = rec["t_low_s"], rec["t_high_s"]
+    return "-" if low != low else f"{low:.3f}-{high:.3f}"
+
+
+_INTERVAL_NOTE = ("interval: central prediction interval (--level, default 80%); P(best): probability of being "
+                  "fastest, from the machine's parameter spread and model error; '=' marks layouts tied with "
+                  "the best (docs/uncertainty.md)")
 
 
 def _records(r: Ranking, rows: Sequence[int]) -> list[dict[str, Any]]:

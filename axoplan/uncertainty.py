@@ -19,15 +19,26 @@ point prediction) are sampled; the rest have probability zero of being best.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import norm
 
-__all__ = ["PRIOR_REL_SIGMA", "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities"]
+__all__ = ["machine_spread", "with_intervals", "PRIOR_REL_SIGMA", "ParameterSpread", "prior_spread", "Intervals",
+           "intervals", "sensitivities"]
+
+if TYPE_CHECKING:
+    from axoplan.machine import Machine
+    from axoplan.ranking import Ranking
 
 Floats = npt.NDArray[np.float64]
+DEFAULT_MODEL_SIGMA = 0.10
+"""Relative model error of a machine without validation residuals (the 5-15% of issue 10) [decision]."""
+CONTENDER_FACTOR = 1.5
+"""Only feasible candidates within this factor of the best point prediction are sampled for P(best)."""
+MAX_CONTENDERS = 2048
 
 PRIOR_REL_SIGMA: dict[str, float] = {"measured": 0.05, "vendor": 0.15, "assumption": 0.40}
 """One-sigma relative spread of a parameter by how its number is sourced [decision, docs/uncertainty.md]."""
@@ -97,7 +108,7 @@ def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, l
     `tie_probability` of the joint draws (the best itself is always tied).
     """
     var = np.einsum("np,pq,nq->n", jac, log_cov, jac) + model_sigma**2
-    q = norm.ppf(0.5 + level / 2.0) * np.sqrt(var)
+    q = NormalDist().inv_cdf(0.5 + level / 2.0) * np.sqrt(var)
     low, high = t0 * np.exp(-q), t0 * np.exp(q)
     mask = np.ones(t0.size, bool) if contenders is None else contenders
     idx = np.flatnonzero(mask)
@@ -119,3 +130,42 @@ def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, l
 def _sqrt_psd(cov: Floats) -> Floats:
     w, v = np.linalg.eigh(cov)
     return v * np.sqrt(np.clip(w, 0.0, None))
+
+
+def machine_spread(machine: Machine) -> tuple[ParameterSpread, float]:
+    """The machine's parameter covariance (fitted, else the prior by source) and its model error."""
+    u = machine.uncertainty
+    if u is not None and u.log_cov:
+        spread = ParameterSpread(tuple(u.log_cov_paths), np.array(u.log_cov, dtype=np.float64))
+    else:
+        spread = prior_spread(dict(u.sources) if u is not None else None)
+    sigma = u.model_error if u is not None and u.model_error is not None else DEFAULT_MODEL_SIGMA
+    return spread, sigma
+
+
+def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int = 0) -> Ranking:
+    """`r` with columns ``t_low_s``, ``t_high_s``, ``p_best`` and ``tied`` (1 = tied with the best)."""
+    from axoplan.cost.model import predict
+    from axoplan.machine_params import parameter_value, with_values
+
+    t = r.prediction.columns["t_step_s"]
+    feasible = r.reason == 0
+    n = t.size
+    low, high, p_best, tied = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n), np.zeros(n)
+    if feasible.any():
+        best = float(t[feasible].min())
+        idx = r.order[: int(feasible.sum())]
+        idx = idx[t[idx] <= CONTENDER_FACTOR * best][:MAX_CONTENDERS]
+        spread, sigma = machine_spread(r.machine)
+        cands = r.candidates.take(idx)
+        values = {p: parameter_value(r.machine, p) for p in spread.paths}
+
+        def step_s(v: dict[str, float]) -> Floats:
+            m = with_values(r.machine, v) if v else r.machine
+            return predict(r.model, m, r.options, cands).columns["t_step_s"]
+
+        t0, jac = sensitivities(step_s, values, spread.paths)
+        iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=samples, seed=seed)
+        low[idx], high[idx], p_best[idx], tied[idx] = iv.low_s, iv.high_s, iv.p_best, iv.tied
+    cols = r.prediction.columns | {"t_low_s": low, "t_high_s": high, "p_best": p_best, "tied": tied}
+    return replace(r, prediction=replace(r.prediction, columns=cols))

@@ -77,3 +77,21 @@ def test_prior_spread_follows_the_source() -> None:
     i = s.paths.index("gemm.max_efficiency")
     assert s.rel_sigma[i] == pytest.approx(PRIOR_REL_SIGMA["measured"])
     assert s.rel_sigma[s.paths.index("intra_node.latency_us")] == pytest.approx(PRIOR_REL_SIGMA["assumption"])
+
+
+def test_rank_json_carries_intervals_and_p_best(tmp_path) -> None:
+    """Through the real CLI: every feasible candidate's P(best) sums to 1; the best is tied with itself."""
+    import json
+
+    from tests.conftest import run_cli
+
+    out = tmp_path / "all.json"
+    r = run_cli("rank", "--model", "5B", "--gpus", "64", "--machine", "alps", "--level", "0.5",
+                "--out", str(out), "--top", "3")
+    assert r.returncode == 0, r.stderr
+    assert "P(best)" in r.stdout and "=" in r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert sum(row["p_best"] for row in rows) == pytest.approx(1.0)
+    best = rows[0]
+    assert best["tied"] == 1.0 and best["t_low_s"] < best["t_step_s"] < best["t_high_s"]
+    assert all(row["p_best"] == 0.0 for row in rows if not row["feasible"])

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.machine import Machine
+from axoplan.machine_params import parameter_value, with_values
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
 from axoplan.validate.records import Measured
 from axoplan.validate.yamledit import format_value
@@ -84,26 +84,6 @@ class Calibration:
     holdout_after: Summary | None
     holdout_fraction: float
     seed: int
-
-
-def parameter_value(machine: Machine, path: str) -> float:
-    """Current value of a dotted parameter path."""
-    value: Any = machine
-    for part in path.split("."):
-        value = getattr(value, part)
-    return float(value)
-
-
-def with_values(machine: Machine, values: dict[str, float]) -> Machine:
-    """A copy of `machine` with the dotted parameters replaced (validated like a YAML)."""
-    data = machine.model_dump()
-    for path, value in values.items():
-        *parents, leaf = path.split(".")
-        node = data
-        for part in parents:
-            node = node[part]
-        node[leaf] = float(value)
-    return Machine.model_validate(data)
 
 
 def _by_path(names: Sequence[str] | None) -> list[Parameter]:
