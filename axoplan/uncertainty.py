@@ -81,10 +81,14 @@ def sensitivities(step_s: Callable[[dict[str, float]], Floats], values: dict[str
                   paths: Sequence[str], step: float = 0.05) -> tuple[Floats, Floats]:
     """Point prediction and ``J = ∂ log t / ∂ log p`` (N × P) by forward differences.
 
-    ``step_s(values)`` evaluates the cost model with the named parameters replaced.
+    ``step_s(values)`` evaluates the cost model with the named parameters replaced. An
+    efficiency (a fraction of peak, at most 1) at its top is differenced downwards.
     """
     t0 = step_s({})
-    cols = [(np.log(step_s({p: values[p] * np.exp(step)})) - np.log(t0)) / step for p in paths]
+    cols = []
+    for p in paths:
+        h = -step if p.endswith("efficiency") and values[p] * np.exp(step) > 1.0 else step  # fractions stay <= 1
+        cols.append((np.log(step_s({p: values[p] * np.exp(h)})) - np.log(t0)) / h)
     return t0, np.stack(cols, axis=1) if cols else np.zeros((t0.size, 0))
 
 
