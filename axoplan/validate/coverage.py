@@ -16,7 +16,7 @@ import numpy as np
 from axoplan.machine import Machine
 from axoplan.validate.compare import PlanRuns, Predictor, scenario_key
 
-__all__ = ["Coverage", "coverage"]
+__all__ = ["Coverage", "coverage", "format_coverage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,5 +50,15 @@ def coverage(plans: Sequence[PlanRuns], machine: Machine, level: float = 0.8) ->
     per = []
     for key in dict.fromkeys(keys):
         mask = np.array([k == key for k in keys])
-        per.append((key, int(mask.sum()), float(inside[mask].mean())))
+        first = plans[int(np.argmax(mask))].plan
+        label = f"{first.model.name}, {first.world_size} GPUs, batch {first.options.global_batch}"
+        per.append((label, int(mask.sum()), float(inside[mask].mean())))
     return Coverage(level, len(plans), float(inside.mean()) if len(plans) else float("nan"), tuple(per), inside)
+
+
+def format_coverage(c: Coverage) -> str:
+    """Overall and per-scenario coverage next to the nominal level, as text."""
+    lines = [f"\ninterval coverage: {c.covered:.0%} of {c.plans} plans inside their predicted "
+             f"{c.level:.0%} interval (nominal {c.level:.0%}; docs/uncertainty.md)"]
+    lines += [f"  scenario {key}: {share:.0%} of {n}" for key, n, share in c.per_scenario]
+    return "\n".join(lines)
