@@ -95,3 +95,24 @@ def test_rank_json_carries_intervals_and_p_best(tmp_path) -> None:
     best = rows[0]
     assert best["tied"] == 1.0 and best["t_low_s"] < best["t_step_s"] < best["t_high_s"]
     assert all(row["p_best"] == 0.0 for row in rows if not row["feasible"])
+
+
+def test_calibrated_intervals_reach_nominal_coverage_on_held_out_synthetic_runs() -> None:
+    """Runs from known parameters with 10% log-normal noise: after calibrating on 70% of the
+    plans, the held-out plans' 80% intervals hold about 80% of them, and the stored model
+    error recovers the noise."""
+    from axoplan.validate.calibrate import calibrate, split_holdout
+    from axoplan.validate.compare import aggregate
+    from axoplan.validate.coverage import coverage
+    from tests.validate_helpers import TRUE_VALUES, small_plans, synthetic_runs
+
+    plans = small_plans()
+    noise = np.exp(np.random.default_rng(3).normal(0.0, 0.1, len(plans)))
+    runs = synthetic_runs(plans, with_values(theory_machine(), TRUE_VALUES), list(noise))
+    cal = calibrate(runs, theory_machine(), holdout=0.3, seed=0)
+    assert cal.calibrated.uncertainty is not None
+    assert 0.08 < cal.calibrated.uncertainty.model_error < 0.12
+    pooled = aggregate(runs)
+    _, hold = split_holdout(len(pooled), 0.3, 0)
+    c = coverage([pooled[i] for i in hold], cal.calibrated, 0.8)
+    assert c.plans >= 30 and 0.7 <= c.covered <= 0.9
