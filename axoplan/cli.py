@@ -290,6 +290,9 @@ app.command("validate")(user_errors(_validate))
 from axoplan.commands.calibrate import calibrate as _calibrate  # noqa: E402
 
 app.command("calibrate")(user_errors(_calibrate))
+from axoplan.commands.suggest import suggest as _suggest  # noqa: E402
+
+app.command("suggest")(user_errors(_suggest))
 from axoplan.commands.plot import register as _register_plot  # noqa: E402
 
 _register_plot(app, user_errors)

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["machine_spread", "with_intervals", "PRIOR_REL_SIGMA", "ParameterSpread", "prior_spread", "Intervals",
-           "intervals", "sensitivities"]
+__all__ = ["suggest_indices", "machine_spread", "with_intervals", "PRIOR_REL_SIGMA", "ParameterSpread",
+           "prior_spread", "Intervals", "intervals", "sensitivities"]
 
 if TYPE_CHECKING:
     from axoplan.machine import Machine
@@ -173,3 +173,22 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
         low[idx], high[idx], p_best[idx], tied[idx] = iv.low_s, iv.high_s, iv.p_best, iv.tied
     cols = r.prediction.columns | {"t_low_s": low, "t_high_s": high, "p_best": p_best, "tied": tied}
     return replace(r, prediction=replace(r.prediction, columns=cols))
+
+
+def suggest_indices(r: Ranking, k: int) -> list[int]:
+    """k candidates whose measurement most likely finds the fastest: highest P(best) first,
+    one per 4D layout (micro-batch and option variants of a layout share its bottlenecks),
+    then the next layouts by point prediction. `r` must carry `with_intervals` columns."""
+    p = r.prediction.columns["p_best"]
+    c = r.candidates
+    feasible = r.order[r.reason[r.order] == 0]
+    by_p = sorted(feasible, key=lambda i: (-p[i], int(np.flatnonzero(feasible == i)[0])))
+    chosen: list[int] = []
+    seen: set[tuple[int, int, int, int]] = set()
+    for pool in ([i for i in by_p if p[i] > 0], list(feasible)):
+        for i in pool:
+            key = (int(c.gx[i]), int(c.gy[i]), int(c.gz[i]), int(c.gdata[i]))
+            if len(chosen) < k and key not in seen:
+                seen.add(key)
+                chosen.append(int(i))
+    return chosen

@@ -116,3 +116,20 @@ def test_calibrated_intervals_reach_nominal_coverage_on_held_out_synthetic_runs(
     _, hold = split_holdout(len(pooled), 0.3, 0)
     c = coverage([pooled[i] for i in hold], cal.calibrated, 0.8)
     assert c.plans >= 30 and 0.7 <= c.covered <= 0.9
+
+
+def test_suggest_picks_distinct_layouts_by_p_best_and_exports_them(tmp_path) -> None:
+    import csv
+    import io
+
+    from tests.conftest import run_cli
+
+    r = run_cli("suggest", "--model", "20B", "--gpus", "256", "--machine", "perlmutter", "-k", "4",
+                "--out-dir", str(tmp_path / "plans"))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    layouts = {(row["gx"], row["gy"], row["gz"], row["gdata"]) for row in rows}
+    assert len(rows) == 4 and len(layouts) == 4
+    p = [float(row["p_best"]) for row in rows]
+    assert p == sorted(p, reverse=True) and p[0] > 0
+    assert len(list((tmp_path / "plans").iterdir())) == 4
