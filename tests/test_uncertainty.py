@@ -133,3 +133,19 @@ def test_suggest_picks_distinct_layouts_by_p_best_and_exports_them(tmp_path) -> 
     p = [float(row["p_best"]) for row in rows]
     assert p == sorted(p, reverse=True) and p[0] > 0
     assert len(list((tmp_path / "plans").iterdir())) == 4
+
+
+def test_plot_intervals_draws_each_top_layout_with_its_p_best(tmp_path) -> None:
+    from axoplan.machine import load_machine
+    from axoplan.model import load_model
+    from axoplan.ranking import rank
+    from axoplan.uncertainty import with_intervals
+    from axoplan.uncertainty_plot import intervals_figure
+
+    r = with_intervals(rank(load_model("5B"), load_machine("alps"), RunOptions(), 64))
+    fig = intervals_figure(r, 6)
+    ax, twin = fig.axes
+    bars = [p.get_height() for p in twin.patches]
+    top = [int(i) for i in r.order if r.reason[i] == 0][:6]
+    assert bars == pytest.approx(list(r.prediction.columns["p_best"][top]))
+    assert len(ax.get_xticks()) == 6

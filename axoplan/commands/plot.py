@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["register", "scaling", "breakdown"]
+__all__ = ["register", "scaling", "breakdown", "intervals"]
 
 OutOpt = Annotated[Path, typer.Option("--output", "-o", help="Figure to write: .png, .svg or .pdf.",
                                       show_default=False)]
@@ -32,6 +32,7 @@ def register(app: typer.Typer, wrap: Callable[[Callable[..., Any]], Callable[...
     group = typer.Typer(no_args_is_help=True, help="Draw predicted scaling and layout breakdowns (PNG/SVG/PDF).")
     group.command("scaling")(wrap(scaling))
     group.command("breakdown")(wrap(breakdown))
+    group.command("intervals")(wrap(intervals))
     app.add_typer(group, name="plot")
 
 
@@ -113,4 +114,29 @@ def breakdown(
 
     result = rank(load_model(model), load_machine(machine), _options(global_batch, seq_len, micro_batch), gpus)
     plots.save_figure(plots.top_layouts(result, top), output, force=force)
+    typer.echo(f"wrote {output}")
+
+
+def intervals(
+    output: OutOpt,
+    model: Annotated[str, typer.Option("--model", "-m", help="Preset or path to a model YAML.", show_default=False)],
+    gpus: Annotated[int, typer.Option("--gpus", "-g", help="Number of GPUs.", min=1, show_default=False)],
+    machine: MachineOpt = "frontier",
+    top: Annotated[int, typer.Option("--top", "-n", min=1, help="How many of the best layouts to draw.")] = 10,
+    global_batch: BatchOpt = 2048,
+    seq_len: SeqOpt = 2048,
+    micro_batch: MbsOpt = "1,2,4,8",
+    force: ForceOpt = False,
+) -> None:
+    """The best layouts with their 80% prediction intervals and probability of being fastest."""
+    from axoplan.machine import load_machine
+    from axoplan.model import load_model
+    from axoplan.ranking import rank
+    from axoplan.uncertainty import with_intervals
+    from axoplan.uncertainty_plot import intervals_figure
+    from axoplan.validate import plots
+
+    result = with_intervals(rank(load_model(model), load_machine(machine),
+                                 _options(global_batch, seq_len, micro_batch), gpus))
+    plots.save_figure(intervals_figure(result, top), output, force=force)
     typer.echo(f"wrote {output}")
