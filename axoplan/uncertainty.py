@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["suggest_indices", "machine_spread", "with_intervals", "PRIOR_REL_SIGMA", "ParameterSpread",
-           "prior_spread", "Intervals", "intervals", "sensitivities"]
+__all__ = ["INTERVAL_COLUMNS", "suggest_indices", "machine_spread", "with_intervals", "PRIOR_REL_SIGMA",
+           "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities"]
 
 if TYPE_CHECKING:
     from axoplan.machine import Machine
@@ -39,6 +39,8 @@ DEFAULT_MODEL_SIGMA = 0.10
 CONTENDER_FACTOR = 1.5
 """Only feasible candidates within this factor of the best point prediction are sampled for P(best)."""
 MAX_CONTENDERS = 2048
+INTERVAL_COLUMNS = ("t_low_s", "t_high_s", "p_best", "tied")
+"""Columns `with_intervals` adds; not part of a plan's predicted breakdown."""
 
 PRIOR_REL_SIGMA: dict[str, float] = {"measured": 0.05, "vendor": 0.15, "assumption": 0.40}
 """One-sigma relative spread of a parameter by how its number is sourced [decision, docs/uncertainty.md]."""
@@ -171,7 +173,7 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
         t0, jac = sensitivities(step_s, values, spread.paths)
         iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=samples, seed=seed)
         low[idx], high[idx], p_best[idx], tied[idx] = iv.low_s, iv.high_s, iv.p_best, iv.tied
-    cols = r.prediction.columns | {"t_low_s": low, "t_high_s": high, "p_best": p_best, "tied": tied}
+    cols = r.prediction.columns | dict(zip(INTERVAL_COLUMNS, (low, high, p_best, tied), strict=True))
     return replace(r, prediction=replace(r.prediction, columns=cols))
 
 
