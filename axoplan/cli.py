@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from axoplan.commands import calibrate, explain, export, listing, plot, probe, rank, run, validate
+from axoplan.commands import calibrate, explain, export, listing, plot, probe, rank, run, suggest, validate
 from axoplan.commands.user_errors import user_errors
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ app.command("run")(user_errors(run.run))
 app.command("probe")(user_errors(probe.probe))
 app.command("validate")(user_errors(validate.validate))
 app.command("calibrate")(user_errors(calibrate.calibrate))
+app.command("suggest")(user_errors(suggest.suggest))
 plot.register(app, user_errors)
 
 

@@ -112,6 +112,28 @@ class MeasuredBandwidth(Frozen):
     bandwidth_gbs: PositiveFloat = Field(description="Bus bandwidth, GB/s (nccl-tests busbw convention).")
 
 
+class ParameterUncertainty(Frozen):
+    """How sure the machine's fittable numbers are (issue 10; see docs/uncertainty.md).
+
+    ``sources`` names how each parameter was obtained (measured, vendor, assumption), which
+    sets its prior spread; a calibration writes ``log_cov`` (covariance of the fitted
+    parameters' logarithms, in the order of ``log_cov_paths``) and ``model_error`` (relative
+    one-sigma error of the model on held-out runs).
+    """
+
+    sources: dict[str, Literal["measured", "vendor", "assumption"]] = {}
+    log_cov_paths: tuple[str, ...] = ()
+    log_cov: tuple[tuple[float, ...], ...] = ()
+    model_error: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _square(self) -> ParameterUncertainty:
+        n = len(self.log_cov_paths)
+        if len(self.log_cov) != n or any(len(row) != n for row in self.log_cov):
+            raise ValueError(f"log_cov must be a {n} x {n} matrix matching log_cov_paths")
+        return self
+
+
 class Machine(Frozen):
     """A homogeneous GPU machine as the cost model needs it."""
 
@@ -131,6 +153,7 @@ class Machine(Frozen):
         (), description="Measured bus bandwidths; when a row matches a group it overrides the theory."
     )
     launcher: LauncherSpec | None = None
+    uncertainty: ParameterUncertainty | None = None
 
     @model_validator(mode="after")
     def _check_links(self) -> Machine:

@@ -164,7 +164,9 @@ def plan_from_ranking(ranking: Any, index: int, machine_ref: str | None = None) 
     rec = ranking.row(index)
     if not rec["feasible"]:
         raise AxoplanError(f"layout {c.layout(index)} is infeasible: {rec['reason']}")
-    numeric = {k: v for k, v in rec.items() if isinstance(v, float)}
+    from axoplan.uncertainty import INTERVAL_COLUMNS
+
+    numeric = {k: v for k, v in rec.items() if isinstance(v, float) and k not in INTERVAL_COLUMNS}
     pred = PredictedStep(t_step_s=rec["t_step_s"], t_compute_s=rec["t_compute_s"],
                          t_comm_exposed_s=rec["t_comm_exposed_s"], mem_total_bytes=rec["mem_total_bytes"],
                          tflops_per_gpu=rec["tflops_per_gpu"], pct_peak=rec["pct_peak"], breakdown=numeric)

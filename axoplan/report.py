@@ -53,6 +53,9 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
             f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
     headers = ["rank", *LABELS, "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
                "exposed comm s", "mem GB/GPU"]
+    shows_interval = "p_best" in r.prediction.columns and not infeasible
+    if shows_interval:
+        headers[len(LABELS) + 4:len(LABELS) + 4] = ["interval s", "P(best)"]
     if infeasible:
         headers.append("why infeasible")
     rows = []
@@ -62,13 +65,28 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
                  f"{rec['t_comm_exposed_s']:.3f}"] if r.has_time(i) else ["-"] * 4
         cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "micro_batch")), _options_label(rec), *timed,
                  f"{rec['mem_total_bytes'] / _GB:.1f}"]
+        if shows_interval:
+            at = len(FIELDS) + 4  # after rank, the axes, micro-batch, options and s/iter
+            cells[at:at] = [_interval_text(rec), f"{rec['p_best']:.2f}" + ("=" if rec["tied"] else "")]
         if infeasible:
             cells.append(rec["reason"])
         rows.append(cells)
     if not rows:
         return head + "\n(no rows)"
-    right = [True] * (len(LABELS) + 2) + [False] + [True] * 5 + ([False] if infeasible else [])
-    return head + "\n\n" + text_table(headers, rows, right)
+    right = [True] * (len(LABELS) + 2) + [False] + [True] * (7 if shows_interval else 5) + \
+        ([False] if infeasible else [])
+    foot = "\n" + _INTERVAL_NOTE if shows_interval else ""
+    return head + "\n\n" + text_table(headers, rows, right) + foot
+
+
+def _interval_text(rec: dict[str, Any]) -> str:
+    low, high = rec["t_low_s"], rec["t_high_s"]
+    return "-" if low != low else f"{low:.3f}-{high:.3f}"
+
+
+_INTERVAL_NOTE = ("interval: central prediction interval (--level, default 80%); P(best): probability of being "
+                  "fastest, from the machine's parameter spread and model error; '=' after P(best) marks layouts "
+                  "tied with the best (docs/uncertainty.md)")
 
 
 def _records(r: Ranking, rows: Sequence[int]) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ Measures, for 320B on Frontier:
    x caching) for 32,768 and 1,048,576 GPUs, cold (fresh machine object) and warm;
 2. a plain per-layout Python loop over the same formulas (the same `predict` called on one
    candidate at a time) on a random sample, extrapolated to the whole space;
-3. the start-up-included wall time of `axoplan rank --model 320B --gpus 32768 --machine frontier`.
+3. the prediction intervals and P(best) added by `rank` (issue 10) alone, warm;
+4. the start-up-included wall time (intervals included) of `axoplan rank --model 320B --gpus 32768 --machine frontier`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ def loop(world: int, sample: int) -> float:
     return (time.perf_counter() - t0) / len(singles)
 
 
+def intervals_ms(repeats: int) -> tuple[int, float]:
+    """Contenders sampled and the warm time of `with_intervals` on the 32,768-GPU ranking."""
+    from axoplan.uncertainty import with_intervals
+
+    r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 32768)
+    n = int((with_intervals(r).prediction.columns["t_low_s"] > 0).sum())
+    return n, _best_of(lambda: with_intervals(r), repeats) * 1e3
+
+
 def cli_wall(repeats: int) -> float:
     exe = Path(sys.executable).parent / "axoplan"
     cmd = [str(exe), "rank", "--model", "320B", "--gpus", "32768", "--machine", "frontier"]
@@ -83,7 +93,9 @@ def main() -> None:
         per = loop(world, sample)
         print(f"{world:>9} {n:>10} {cold * 1e3:>12.1f} {warm * 1e3:>13.1f} {n / warm:>12.3g} "
               f"{per * 1e6:>12.0f} {per * n:>12.1f} {per * n / warm:>8.0f}x")
-    print(f"\naxoplan rank --model 320B --gpus 32768 --machine frontier: {cli_wall(5 if args.quick else 9):.2f} s "
+    n, ms = intervals_ms(repeats)
+    print(f"\nintervals + P(best) for 32768 GPUs: {ms:.1f} ms warm ({n} contenders sampled)")
+    print(f"axoplan rank --model 320B --gpus 32768 --machine frontier: {cli_wall(5 if args.quick else 9):.2f} s "
           "wall (median, start-up included)")
 
 

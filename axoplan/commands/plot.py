@@ -21,7 +21,7 @@ from axoplan.commands.options import ModelFlags, shared_options
 if TYPE_CHECKING:
     from axoplan.options import RunOptions
 
-__all__ = ["register", "scaling", "breakdown"]
+__all__ = ["register", "scaling", "breakdown", "intervals"]
 
 OutOpt = Annotated[Path, typer.Option("--output", "-o", help="Figure to write: .png, .svg or .pdf.",
                                       show_default=False)]
@@ -34,6 +34,7 @@ def register(app: typer.Typer, wrap: Callable[[Callable[..., Any]], Callable[...
     group = typer.Typer(no_args_is_help=True, help="Draw predicted scaling and layout breakdowns (PNG/SVG/PDF).")
     group.command("scaling")(wrap(scaling))
     group.command("breakdown")(wrap(breakdown))
+    group.command("intervals")(wrap(intervals))
     app.add_typer(group, name="plot")
 
 
@@ -102,4 +103,28 @@ def breakdown(
     plots.check_figure_path(output, force)
     result = rank(model_flags.load(), load_machine(machine), run_options, gpus)
     plots.save_figure(plots.top_layouts(result, top), output, force=force)
+    typer.echo(f"wrote {output}")
+
+
+@shared_options()
+def intervals(
+    output: OutOpt,
+    gpus: Annotated[int, typer.Option("--gpus", "-g", help="Number of GPUs.", min=1, show_default=False)],
+    machine: MachineOpt = "frontier",
+    top: Annotated[int, typer.Option("--top", "-n", min=1, help="How many of the best layouts to draw.")] = 10,
+    force: ForceOpt = False,
+    *,
+    run_options: RunOptions,
+    model_flags: ModelFlags,
+) -> None:
+    """The best layouts with their 80% prediction intervals and probability of being fastest."""
+    from axoplan.machine import load_machine
+    from axoplan.ranking import rank
+    from axoplan.uncertainty import with_intervals
+    from axoplan.uncertainty_plot import intervals_figure
+    from axoplan.validate import plots
+
+    plots.check_figure_path(output, force)
+    result = with_intervals(rank(model_flags.load(), load_machine(machine), run_options, gpus))
+    plots.save_figure(intervals_figure(result, top), output, force=force)
     typer.echo(f"wrote {output}")

@@ -39,6 +39,8 @@ def rank(
                                              "with reasons) to this .csv or .json file.")] = None,
     infeasible: Annotated[bool, typer.Option("--infeasible", help="Show infeasible rows and why.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
+    level: Annotated[float, typer.Option("--level", min=0.01, max=0.99, help="Central probability of the "
+                                         "prediction interval (0.8: 10th-90th percentile).")] = 0.8,
     run_options: RunOptions,
     model_flags: ModelFlags,
 ) -> None:
@@ -62,7 +64,9 @@ def rank(
         raise AxoplanError(f"--out {out} must end in .csv or .json")
     if out is not None:
         check_writable(out, force, "--out")
-    result = do_rank(spec, mach, run_options, gpus)
+    from axoplan.uncertainty import with_intervals
+
+    result = with_intervals(do_rank(spec, mach, run_options, gpus), level=level)
     if out is not None:
         full = [int(i) for i in result.order]
         text = report.format_json(result, full) if out.suffix == ".json" else report.format_csv(result, full)

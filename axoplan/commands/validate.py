@@ -68,6 +68,10 @@ def validate(
     if plots is not None:
         _write_plots(result, plots, force)
     typer.echo(format_validation(result, rows=not summary_only))
+    from axoplan.validate.compare import aggregate
+    from axoplan.validate.coverage import coverage, format_coverage
+
+    typer.echo(format_coverage(coverage(aggregate(measured), mach, 0.8)))
 
 
 def resolve_machine(ref: str) -> Any:

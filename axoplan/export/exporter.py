@@ -44,9 +44,9 @@ def top_indices(source: Ranking | SavedRanking, k: int) -> list[int]:
 
 
 def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
-                    settings: JobSettings) -> list[ExportedPlan]:
-    """Launch configs and job scripts of the k best feasible layouts, in memory."""
-    indices = top_indices(source, k)
+                    settings: JobSettings, indices: list[int] | None = None) -> list[ExportedPlan]:
+    """Launch configs and job scripts of the k best feasible layouts (or of `indices`), in memory."""
+    indices = top_indices(source, k) if indices is None else indices
     if not indices:
         raise AxoplanError(f"no feasible layout to export among the {source.world_size}-GPU candidates; "
                            f"run `axoplan rank --infeasible` to see why")

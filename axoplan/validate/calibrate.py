@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from axoplan.errors import AxoplanError, closest_hint
-from axoplan.machine import Machine
+from axoplan.machine import Machine, ParameterUncertainty
+from axoplan.machine_params import parameter_value, with_values
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
 from axoplan.validate.records import Measured
 from axoplan.validate.yamledit import format_value
@@ -84,26 +84,6 @@ class Calibration:
     holdout_after: Summary | None
     holdout_fraction: float
     seed: int
-
-
-def parameter_value(machine: Machine, path: str) -> float:
-    """Current value of a dotted parameter path."""
-    value: Any = machine
-    for part in path.split("."):
-        value = getattr(value, part)
-    return float(value)
-
-
-def with_values(machine: Machine, values: dict[str, float]) -> Machine:
-    """A copy of `machine` with the dotted parameters replaced (validated like a YAML)."""
-    data = machine.model_dump()
-    for path, value in values.items():
-        *parents, leaf = path.split(".")
-        node = data
-        for part in parents:
-            node = node[part]
-        node[leaf] = float(value)
-    return Machine.model_validate(data)
 
 
 def _by_path(names: Sequence[str] | None) -> list[Parameter]:
@@ -168,7 +148,7 @@ def _scan_floors(predictor: Predictor, measured: np.ndarray, machine: Machine, p
 
 
 def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine,
-         params: Sequence[Parameter]) -> tuple[dict[str, float], list[float], list[bool]]:
+         params: Sequence[Parameter]) -> tuple[dict[str, float], np.ndarray, float, list[bool]]:
     low = np.log([p.low for p in params])
     high = np.log([p.high for p in params])
     start = np.log([parameter_value(machine, p.path) for p in params])
@@ -184,19 +164,47 @@ def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine,
 
     result = least_squares(residuals, start, bounds=(low, high), method="trf", diff_step=1e-3,
                            max_nfev=60 * len(params))
-    sigma = _relative_sigma(result.jac, result.fun)
+    cov, s = _log_covariance(result.jac, result.fun)
     at_bound = [bool(abs(z - lo) < 1e-6 or abs(z - hi) < 1e-6) for z, lo, hi in zip(result.x, low, high, strict=True)]
-    return values(result.x), sigma, at_bound
+    return values(result.x), cov, s, at_bound
 
 
-def _relative_sigma(jac: np.ndarray, residuals: np.ndarray) -> list[float]:
-    """One-sigma uncertainty of each log-parameter from the Jacobian (nan if not estimable)."""
+def _log_covariance(jac: np.ndarray, residuals: np.ndarray) -> tuple[np.ndarray, float]:
+    """Covariance of the log-parameters ``s²·(JᵀJ)⁺`` and the residual scale ``s`` (nan if not estimable)."""
     m, n = jac.shape
     if m <= n:
-        return [float("nan")] * n
+        return np.full((n, n), np.nan), float("nan")
     s2 = float(residuals @ residuals) / (m - n)
     cov = s2 * np.linalg.pinv(jac.T @ jac)
+    return (cov + cov.T) / 2.0, float(np.sqrt(s2))
+
+
+def _relative_sigma(cov: np.ndarray) -> list[float]:
+    """One-sigma uncertainty of each log-parameter (nan if not estimable)."""
     return [float(np.sqrt(v)) if v > 0 else float("nan") for v in np.diag(cov)]
+
+
+def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray, s: float) -> ParameterUncertainty:
+    """The fit's covariance (parameters without an estimate keep their prior spread) and model error ``s``."""
+    from axoplan.uncertainty import machine_spread
+
+    prior, prior_sigma = machine_spread(machine)
+    paths = [p.path for p in params]
+    extra = [p for p in prior.paths if p not in paths]
+    full = np.zeros((len(paths) + len(extra),) * 2)
+    ok = np.isfinite(np.diag(cov)) & (np.diag(cov) > 0)
+    n = len(paths)
+    full[:n, :n] = np.where(np.outer(ok, ok), cov, 0.0)
+    diag_prior = dict(zip(prior.paths, np.diag(prior.log_cov), strict=True))
+    for i, p in enumerate(paths):
+        if not ok[i]:
+            full[i, i] = diag_prior.get(p, 0.16)
+    for j, p in enumerate(extra, start=n):
+        full[j, j] = diag_prior[p]
+    sources = machine.uncertainty.sources if machine.uncertainty is not None else {}
+    return ParameterUncertainty(sources=sources, log_cov_paths=(*paths, *extra),
+                                log_cov=tuple(tuple(float(format_value(v)) for v in row) for row in full),
+                                model_error=float(format_value(s)) if np.isfinite(s) else prior_sigma)
 
 
 def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[str] | None = None,
@@ -216,9 +224,10 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
         raise AxoplanError(f"{len(fit_plans)} training plan(s) cannot determine {len(chosen)} parameters ({names}); "
                            f"give at least {len(chosen) + 1} distinct plans to fit on (more runs, or a smaller "
                            f"--holdout), or fit fewer with --params")
-    fitted_values, sigma, at_bound = _fit(predictor, measured, machine, chosen)
+    fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen)
+    sigma = _relative_sigma(cov)
     values = {k: float(format_value(v)) for k, v in fitted_values.items()}  # as the YAML will hold them
-    calibrated = with_values(machine, values)
+    calibrated = with_values(machine, values).model_copy(update={"uncertainty": _uncertainty(machine, chosen, cov, s)})
     fitted = tuple(FittedParameter(p.path, parameter_value(machine, p.path), values[p.path], s, b)
                    for p, s, b in zip(chosen, sigma, at_bound, strict=True))
     unused = tuple(p.path for p in _by_path(parameters) if p not in chosen)

@@ -94,7 +94,7 @@ def machine_yaml(original_text: str, machine: Machine, values: dict[str, float],
     """YAML text of `machine`: the original edited in place if that reproduces it, else a full dump."""
     body: str | None
     try:
-        body = edit_values(original_text, values, note)
+        body = edit_values(_without_block(original_text, "uncertainty"), values, note) + _uncertainty_yaml(machine)
         if not _same(body, machine):
             body = None
     except (KeyError, yaml.YAMLError):
@@ -103,6 +103,31 @@ def machine_yaml(original_text: str, machine: Machine, values: dict[str, float],
         dump: dict[str, Any] = machine.model_dump(mode="json", exclude_none=True)
         body = yaml.safe_dump(dump, sort_keys=False)
     return header.rstrip("\n") + "\n" + body
+
+
+def _without_block(text: str, key: str) -> str:
+    """`text` without its top-level `key:` block (re-calibrating replaces the fit's covariance)."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith(f"{key}:"):
+            skipping = True
+            continue
+        if skipping and line and not line[0].isspace() and not line.startswith("#"):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _uncertainty_yaml(machine: Machine) -> str:
+    """The machine's `uncertainty` block (fitted log covariance, model error), flow-style rows."""
+    if machine.uncertainty is None:
+        return ""
+    u = machine.uncertainty.model_dump(mode="json", exclude_none=True)
+    return ("# uncertainty (issue 10, docs/uncertainty.md): covariance of the fitted parameters' logarithms\n"
+            "# from the calibration (s^2 (J^T J)^+; unfitted parameters keep their prior), and the\n"
+            "# model's relative error s on the fitted runs\n"
+            + yaml.safe_dump({"uncertainty": u}, sort_keys=False, default_flow_style=None, width=200))
 
 
 def _same(text: str, machine: Machine) -> bool:

@@ -1,0 +1,33 @@
+"""Read and replace a machine's numbers by dotted path (``gemm.max_efficiency``).
+
+Shared by `calibrate` (fitting) and `uncertainty` (sensitivities) without importing
+either's heavy dependencies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from axoplan.machine import Machine
+
+__all__ = ["parameter_value", "with_values"]
+
+
+def parameter_value(machine: Machine, path: str) -> float:
+    """Current value of a dotted parameter path."""
+    value: Any = machine
+    for part in path.split("."):
+        value = getattr(value, part)
+    return float(value)
+
+
+def with_values(machine: Machine, values: dict[str, float]) -> Machine:
+    """A copy of `machine` with the dotted parameters replaced (validated like a YAML)."""
+    data = machine.model_dump()
+    for path, value in values.items():
+        *parents, leaf = path.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        node[leaf] = float(value)
+    return Machine.model_validate(data)

@@ -1,0 +1,42 @@
+"""Picture of the top layouts with their prediction intervals and probability of being fastest."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from axoplan.errors import AxoplanError
+from axoplan.ranking import Ranking
+
+__all__ = ["intervals_figure"]
+
+
+def intervals_figure(r: Ranking, top: int = 10) -> Figure:
+    """Point prediction with its interval (left axis) and P(best) bars (right axis) of the
+    `top` best feasible layouts; `r` carries :func:`axoplan.uncertainty.with_intervals` columns."""
+    rows = [int(i) for i in r.order if r.reason[i] == 0][:top]
+    if not rows:
+        raise AxoplanError(f"no feasible layout of {r.world_size} GPUs to draw")
+    cols = r.prediction.columns
+    t, low, high = cols["t_step_s"][rows], cols["t_low_s"][rows], cols["t_high_s"][rows]
+    fig = Figure(figsize=(max(6.0, 0.8 * len(rows) + 2.5), 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    tied = cols["tied"][rows] > 0
+    ax.errorbar(x, t, yerr=[t - low, high - t], fmt="none", ecolor="0.4", capsize=4, label="prediction interval")
+    ax.scatter(x[tied], t[tied], color="tab:red", zorder=3, label="tied with the best")
+    ax.scatter(x[~tied], t[~tied], color="tab:blue", zorder=3, label="point prediction")
+    ax.set_ylabel("predicted s / iteration")
+    twin = ax.twinx()
+    twin.bar(x, cols["p_best"][rows], 0.5, color="tab:green", alpha=0.3, label="P(best)")
+    twin.set(ylabel="probability of being fastest", ylim=(0.0, 1.0))
+    ax.set_zorder(twin.get_zorder() + 1)  # intervals over the bars
+    ax.patch.set_visible(False)
+    c = r.candidates
+    ax.set_xticks(x, [f"{c.layout(i)}\nmbs {c.micro_batch[i]}" for i in rows], fontsize="small")
+    ax.set_title(f"top {len(rows)} layouts: {r.model.name} on {r.world_size} GPUs of {r.machine.name}")
+    handles = ax.get_legend_handles_labels()
+    extra = twin.get_legend_handles_labels()
+    ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize="small", loc="upper left",
+              bbox_to_anchor=(1.08, 1.0))
+    return fig
