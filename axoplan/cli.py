@@ -72,6 +72,8 @@ HiddenOpt = Annotated[int | None, typer.Option("--hidden", help="Custom model: h
 HeadsOpt = Annotated[int | None, typer.Option("--heads", help="Custom model: attention heads.", min=1)]
 KvOpt = Annotated[int | None, typer.Option("--kv-heads", help="Custom model: KV heads (GQA).", min=1)]
 FfnOpt = Annotated[int | None, typer.Option("--ffn-hidden", help="Custom model: FFN width.", min=1)]
+TokensOpt = Annotated[str | None, typer.Option(
+    "--tokens", help="Tokens to train (e.g. 300B, 1.5T, 2e12): adds days, node-hours and GPU-hours.")]
 VocabOpt = Annotated[int | None, typer.Option("--vocab", help="Custom model: vocabulary size.", min=1)]
 
 
@@ -151,6 +153,10 @@ def rank(
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
     layers: LayersOpt = None, hidden: HiddenOpt = None, heads: HeadsOpt = None, kv_heads: KvOpt = None,
     ffn_hidden: FfnOpt = None, vocab: VocabOpt = None,
+    tokens: TokensOpt = None,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", min=1, help="Refuse runs on more nodes.")] = None,
+    max_node_hours: Annotated[float | None, typer.Option(
+        "--max-node-hours", min=0, help="Keep layouts whose --tokens run fits this many node-hours.")] = None,
 ) -> None:
     """Rank every Gx x Gy x Gz x Gdata layout of --gpus GPUs by predicted seconds per iteration.
 
@@ -169,6 +175,7 @@ def rank(
         raise AxoplanError(f"--gpus must be a positive number of GPUs, got {gpus}")
     if out is not None and out.suffix not in {".csv", ".json"}:
         raise AxoplanError(f"--out {out} must end in .csv or .json")
+    n_tokens = _budget_checks(tokens, gpus, mach.devices_per_node, max_nodes, max_node_hours)
     result = do_rank(spec, mach, opts, gpus)
     if out is not None:
         full = [int(i) for i in result.order]
@@ -176,15 +183,41 @@ def rank(
         _write_new(out, text, force)
     if result.num_feasible == 0 and not infeasible:
         raise AxoplanError(explain_infeasible(result))
+    if max_node_hours is not None and n_tokens is not None and not infeasible:
+        top = min(top, _fits_budget(result, n_tokens, max_node_hours))
     rows = report.selected_rows(result, top, infeasible)
     if fmt is Format.table:
-        typer.echo(report.format_table(result, top, infeasible))
+        typer.echo(report.format_table(result, top, infeasible, tokens=n_tokens))
     elif fmt is Format.csv:
         typer.echo(report.format_csv(result, rows), nl=False)
     else:
         typer.echo(report.format_json(result, rows), nl=False)
     if out is not None:
         typer.echo(f"wrote all {len(result.candidates)} candidates to {out}", err=True)
+
+
+def _budget_checks(tokens: str | None, gpus: int, devices_per_node: int, max_nodes: int | None,
+                   max_node_hours: float | None) -> int | None:
+    """Parse --tokens and apply --max-nodes; --max-node-hours needs --tokens."""
+    from axoplan.budget import check_max_nodes, parse_tokens
+
+    if max_node_hours is not None and tokens is None:
+        raise AxoplanError("--max-node-hours needs --tokens (the run whose node-hours are counted), e.g. --tokens 300B")
+    if max_nodes is not None:
+        check_max_nodes(gpus, devices_per_node, max_nodes)
+    return None if tokens is None else parse_tokens(tokens)
+
+
+def _fits_budget(result: Any, tokens: int, max_node_hours: float) -> int:
+    """How many of the fastest feasible rows fit --max-node-hours (error naming the cheapest if none)."""
+    from axoplan.budget import run_cost, within_node_hours
+    from axoplan.report import selected_rows
+
+    t_step_s = result.column("t_step_s")
+    costs = [run_cost(tokens, result.options.global_batch, result.options.seq_len, float(t_step_s[i]),
+                      result.world_size, result.machine.devices_per_node)
+             for i in selected_rows(result, result.num_feasible, False)]
+    return within_node_hours(costs, max_node_hours)
 
 
 @app.command()

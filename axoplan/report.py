@@ -44,13 +44,21 @@ def selected_rows(r: Ranking, top: int, infeasible: bool) -> list[int]:
     return [int(i) for i in chosen[:top]]
 
 
-def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
-    """The top rows (or top infeasible rows with their reasons) as a readable table."""
+def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | None = None) -> str:
+    """The top rows (or top infeasible rows with their reasons) as a readable table.
+
+    With `tokens`, each row also shows days to train, node-hours and GPU-hours (axoplan.budget).
+    """
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
             f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
     headers = ["rank", "Gx", "Gy", "Gz", "Gdata", "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
                "exposed comm s", "mem GB/GPU"]
+    if tokens is not None:
+        from axoplan.budget import format_tokens
+
+        head += f"; cost of {format_tokens(tokens)} tokens"
+        headers += ["days", "node-h", "GPU-h"]
     if infeasible:
         headers.append("why infeasible")
     rows = []
@@ -59,13 +67,23 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
         cells = [str(n), *(str(rec[k]) for k in ("gx", "gy", "gz", "gdata", "micro_batch")), _options_label(rec),
                  f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
                  f"{rec['t_comm_exposed_s']:.3f}", f"{rec['mem_total_bytes'] / _GB:.1f}"]
+        if tokens is not None:
+            cells += _cost_cells(r, rec["t_step_s"], tokens)
         if infeasible:
             cells.append(rec["reason"])
         rows.append(cells)
     if not rows:
         return head + "\n(no rows)"
-    right = [True] * 6 + [False] + [True] * 5 + ([False] if infeasible else [])
+    right = [True] * 6 + [False] + [True] * (5 + (3 if tokens is not None else 0)) + ([False] if infeasible else [])
     return head + "\n\n" + text_table(headers, rows, right)
+
+
+def _cost_cells(r: Ranking, t_step_s: float, tokens: int) -> list[str]:
+    from axoplan.budget import run_cost
+
+    c = run_cost(tokens, r.options.global_batch, r.options.seq_len, t_step_s, r.world_size,
+                 r.machine.devices_per_node)
+    return [f"{c.days:.1f}", f"{c.node_hours:,.0f}", f"{c.gpu_hours:,.0f}"]
 
 
 def _records(r: Ranking, rows: Sequence[int]) -> list[dict[str, Any]]:
