@@ -20,6 +20,7 @@ from typing import Final, Literal
 from pydantic import Field, model_validator
 
 from axoplan.errors import closest_hint
+from axoplan.queues import QueueLimit
 from axoplan.schema import Frozen
 
 __all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "fill", "placeholders_in",
@@ -83,6 +84,9 @@ class LauncherSpec(Frozen):
     task_setup: tuple[str, ...] = Field(
         (), description="Shell lines run inside every task before the payload, e.g. creating a node-local "
                         "cache folder (no single quotes).")
+    queues: tuple[QueueLimit, ...] = Field(
+        (), description="Queues/QOS in order of preference, each with max wall time, node range and source; "
+                        "export picks one that fits and chains jobs when none holds the run (axoplan.queues).")
 
     @model_validator(mode="after")
     def _check(self) -> LauncherSpec:

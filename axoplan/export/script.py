@@ -23,6 +23,7 @@ from axoplan.export.job import (
 from axoplan.launcher import SITE_VALUES, LauncherSpec, fill, placeholders_in
 from axoplan.machine import Machine
 from axoplan.plan import LaunchConfig
+from axoplan.queues import QueueChoice, choose_queue
 
 __all__ = ["render_job_script", "job_values", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD", "SCRIPT_NAME",
            "PLAN_NAME"]
@@ -49,9 +50,25 @@ def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name
         raise AxoplanError(f"launch config {plan.plan_id} has no prediction, so no wall time can be set; "
                            f"export it from a ranking")
     wall = walltime_s(plan.prediction.t_step_s, settings.iterations, settings.margin_minutes)
-    return {**site_values(launcher, settings.site), "nodes": str(nodes), "tasks": str(plan.world_size),
+    site = site_values(launcher, settings.site)
+    choice = queue_choice(plan, machine, settings)
+    if choice is not None:
+        wall = choice.walltime_s
+        for key in ("partition", "qos"):
+            if getattr(settings.site, key) is None and getattr(choice.queue, key) is not None:
+                site[key] = getattr(choice.queue, key)
+    return {**site, "nodes": str(nodes), "tasks": str(plan.world_size),
             "tasks_per_node": str(per_node), "gpus_per_node": str(per_node), "walltime": format_walltime(wall),
             "job_name": f"axoplan-{name}", "plan_id": plan.plan_id}
+
+
+def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> QueueChoice | None:
+    """The machine's queue for this job and its split into chained jobs (None: no queues, or none holds it)."""
+    launcher = require_launcher(machine)
+    if not launcher.queues or plan.prediction is None:
+        return None
+    nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
+    return choose_queue(launcher.queues, nodes, plan.prediction.t_step_s, settings.iterations, settings.margin_minutes)
 
 
 def payload_env(plan: LaunchConfig, settings: JobSettings) -> dict[str, str]:
