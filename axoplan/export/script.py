@@ -102,6 +102,7 @@ def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSetting
         _exports(launcher.env, values),
         [fill(line, values) for line in launcher.setup],
         _plan_block(plan, settings),
+        _chain_block(queue_choice(plan, machine, settings), settings, launcher),
         _launch(launcher, values, settings.command or EXECUTOR_PAYLOAD),
     ]
     text = "\n\n".join("\n".join(p) for p in parts if p) + "\n"
@@ -124,7 +125,7 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
         f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
-        f"# predicted {pred.t_step_s:.3f} s/iteration x {settings.iterations} iterations + "
+        f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} iterations + "
         f"{settings.margin_minutes:g} min margin = wall time {values['walltime']}",
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
@@ -134,6 +135,12 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         lines += [f"# run from this folder on each of the {values['nodes']} nodes at once:",
                   f"#   MASTER_ADDR=<first node> bash {SCRIPT_NAME}"]
     return lines
+
+
+def _job_iterations(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> int:
+    """Iterations of one job: all of them, or at most a chained job's share."""
+    choice = queue_choice(plan, machine, settings)
+    return settings.iterations if choice is None else choice.iterations_per_job
 
 
 def _exports(env: dict[str, str], values: dict[str, str]) -> list[str]:
@@ -166,6 +173,32 @@ def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
         "fi",
     ]
     return lines + [f"export {k}={v}" for k, v in payload_env(plan, settings).items()]
+
+
+def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: LauncherSpec) -> list[str]:
+    """For a run split over chained jobs: this job's index and iterations, and the submission of the next.
+
+    Job k (1-based, from AXOPLAN_JOB_INDEX) submits job k+1 with ``sbatch --dependency=afterok`` before it
+    launches, so the next starts only if this one succeeds; AXOPLAN_RESUME=1 tells the payload to resume
+    from its last checkpoint (every job but the first).
+    """
+    if choice is None or choice.jobs == 1 or launcher.scheduler != "slurm":
+        return []
+    p, per, jobs = ENV_PREFIX, choice.iterations_per_job, choice.jobs
+    last = settings.iterations - (jobs - 1) * per
+    return [
+        f"# chained run: {settings.iterations} iterations in {jobs} jobs of at most {per} iterations, queue "
+        f"{choice.queue.name} (limit {choice.queue.max_walltime_minutes} min {choice.queue.source})",
+        f'export {p}JOB_INDEX="${{{p}JOB_INDEX:-1}}"',
+        f"export {p}JOBS={jobs}",
+        f"export {p}TOTAL_ITERATIONS={settings.iterations}",
+        f"export {p}ITERATIONS=$(( {p}JOB_INDEX < {p}JOBS ? {per} : {last} ))",
+        f"export {p}RESUME=$(( {p}JOB_INDEX > 1 ? 1 : 0 ))",
+        f"if (( {p}JOB_INDEX < {p}JOBS )); then",
+        f'{_INDENT}sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,{p}JOB_INDEX=$(( {p}JOB_INDEX + 1 )) '
+        f'"${{SLURM_SUBMIT_DIR:-$PWD}}/{SCRIPT_NAME}"',
+        "fi",
+    ]
 
 
 def _launch(launcher: LauncherSpec, values: dict[str, str], payload: str) -> list[str]:
