@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 from axoplan.errors import closest_hint
 from axoplan.queues import QueueLimit
 from axoplan.schema import Frozen
+from axoplan.staging import StagingSpec
 
 __all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "fill", "placeholders_in",
            "placeholder_text"]
@@ -87,6 +88,8 @@ class LauncherSpec(Frozen):
     queues: tuple[QueueLimit, ...] = Field(
         (), description="Queues/QOS in order of preference, each with max wall time, node range and source; "
                         "export picks one that fits and chains jobs when none holds the run (axoplan.queues).")
+    staging: StagingSpec | None = Field(
+        None, description="Broadcast the Python environment to node-local storage above a node count.")
 
     @model_validator(mode="after")
     def _check(self) -> LauncherSpec:
@@ -111,7 +114,8 @@ class LauncherSpec(Frozen):
         return self
 
     def _texts(self) -> tuple[str, ...]:
-        return (*self.header, *self.modules, *self.env.values(), *self.setup, self.launch,
+        staging = (*self.staging.header, *self.staging.setup) if self.staging else ()
+        return (*self.header, *self.modules, *self.env.values(), *self.setup, *staging, self.launch,
                 *self.task_env.values(), *self.task_setup)
 
     def placeholders(self) -> set[str]:

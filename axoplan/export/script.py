@@ -24,6 +24,7 @@ from axoplan.launcher import SITE_VALUES, LauncherSpec, fill, placeholders_in
 from axoplan.machine import Machine
 from axoplan.plan import LaunchConfig
 from axoplan.queues import QueueChoice, choose_queue
+from axoplan.staging import margin_minutes, staged
 
 __all__ = ["render_job_script", "job_values", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD", "SCRIPT_NAME",
            "PLAN_NAME"]
@@ -49,7 +50,7 @@ def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name
     if plan.prediction is None:
         raise AxoplanError(f"launch config {plan.plan_id} has no prediction, so no wall time can be set; "
                            f"export it from a ranking")
-    wall = walltime_s(plan.prediction.t_step_s, settings.iterations, settings.margin_minutes)
+    wall = walltime_s(plan.prediction.t_step_s, settings.iterations, job_margin(machine, nodes, settings))
     site = site_values(launcher, settings.site)
     choice = queue_choice(plan, machine, settings)
     if choice is not None:
@@ -68,7 +69,13 @@ def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) ->
     if not launcher.queues or plan.prediction is None:
         return None
     nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
-    return choose_queue(launcher.queues, nodes, plan.prediction.t_step_s, settings.iterations, settings.margin_minutes)
+    return choose_queue(launcher.queues, nodes, plan.prediction.t_step_s, settings.iterations,
+                        job_margin(machine, nodes, settings))
+
+
+def job_margin(machine: Machine, nodes: int, settings: JobSettings) -> float:
+    """Start-up margin in minutes: --margin-minutes, plus the staging term when the job is staged."""
+    return margin_minutes(require_launcher(machine).staging, nodes, settings.margin_minutes)
 
 
 def payload_env(plan: LaunchConfig, settings: JobSettings) -> dict[str, str]:
@@ -96,11 +103,13 @@ def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSetting
     launcher = require_launcher(machine)
     values = job_values(plan, machine, settings, name)
     parts = [
-        ["#!/bin/bash", *_comments(plan, machine, settings, values, rank), *_header(launcher, values)],
+        ["#!/bin/bash", *_comments(plan, machine, settings, values, rank), *_header(launcher, values),
+         *_staging_header(launcher, values)],
         ["set -eo pipefail"],
         [f"module load {fill(m, values)}" for m in launcher.modules],
         _exports(launcher.env, values),
         [fill(line, values) for line in launcher.setup],
+        _staging_setup(launcher, values),
         _plan_block(plan, settings),
         _chain_block(queue_choice(plan, machine, settings), settings, launcher),
         _launch(launcher, values, settings.command or EXECUTOR_PAYLOAD),
@@ -126,7 +135,7 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
         f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} iterations + "
-        f"{settings.margin_minutes:g} min margin = wall time {values['walltime']}",
+        f"{_margin(plan, machine, settings, values):g} min margin = wall time {values['walltime']}",
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
     if require_launcher(machine).scheduler == "slurm":
@@ -135,6 +144,10 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         lines += [f"# run from this folder on each of the {values['nodes']} nodes at once:",
                   f"#   MASTER_ADDR=<first node> bash {SCRIPT_NAME}"]
     return lines
+
+
+def _margin(plan: LaunchConfig, machine: Machine, settings: JobSettings, values: dict[str, str]) -> float:
+    return job_margin(machine, int(values["nodes"]), settings)
 
 
 def _job_iterations(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> int:
@@ -173,6 +186,20 @@ def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
         "fi",
     ]
     return lines + [f"export {k}={v}" for k, v in payload_env(plan, settings).items()]
+
+
+def _staging_header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+    if launcher.staging is None or not staged(launcher.staging, int(values["nodes"])):
+        return []
+    return [f"#SBATCH {fill(line, values)}" for line in launcher.staging.header]
+
+
+def _staging_setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+    spec = launcher.staging
+    if spec is None or not staged(spec, int(values["nodes"])):
+        return []
+    return [f"# {values['nodes']} nodes >= {spec.min_nodes}: stage the Python environment to node-local storage "
+            f"{spec.source}", *(fill(line, values) for line in spec.setup)]
 
 
 def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: LauncherSpec) -> list[str]:
