@@ -86,3 +86,11 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
     lines = log.read_text().splitlines()
     assert not [ln for ln in lines if ln.startswith("sbatch")]
     assert any(ln.startswith("srun") and ln.endswith("ITER=386 RESUME=1") for ln in lines)
+
+
+def test_export_warns_when_no_queue_holds_the_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Perlmutter's regular QOS lists 1,536 GPU nodes; 8,192 GPUs / 4 = 2,048 nodes fits no queue
+    res = run_cli("export", "--model", "320B", "--gpus", "8192", "--machine", "perlmutter", "-n", "1",
+                  "-o", str(tmp_path / "ex"))
+    assert res.returncode == 0, res.stderr
+    assert "warning: no queue of perlmutter holds 2048 nodes" in res.stderr
