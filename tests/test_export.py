@@ -145,6 +145,10 @@ GOLDEN_CASES = {
     "frontier-command": ("frontier", "320B", Layout(4, 8, 512, 2), 1, 12.5, JobSettings(
         iterations=50, margin_minutes=5, command="python train.py --config my.yaml",
         site=SiteSettings(account="ABC123", qos="debug", python_env="envs/torch"))),
+    # issue 13: 20,000 x 7.25 s = 40.3 h > every queue for 32 Frontier nodes (extended: 24 h) -> chained;
+    # 30,000 x 7.25 s = 60.4 h > Perlmutter's regular 48 h -> chained
+    "frontier-chained": ("frontier", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=20_000)),
+    "perlmutter-chained": ("perlmutter", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=30_000)),
 }
 
 
