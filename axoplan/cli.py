@@ -208,6 +208,16 @@ def _budget_checks(tokens: str | None, gpus: int, devices_per_node: int, max_nod
     return None if tokens is None else parse_tokens(tokens)
 
 
+def _cost_line(result: Any, index: int, tokens: str) -> str:
+    """One line: what training --tokens tokens with candidate `index` costs."""
+    from axoplan.budget import format_tokens, parse_tokens, run_cost
+
+    c = run_cost(parse_tokens(tokens), result.options.global_batch, result.options.seq_len,
+                 float(result.column("t_step_s")[index]), result.world_size, result.machine.devices_per_node)
+    return (f"\ntime to train {format_tokens(c.tokens)} tokens: {c.steps:,} steps, {c.days:.1f} days on {c.nodes} "
+            f"nodes = {c.node_hours:,.0f} node-hours ({c.gpu_hours:,.0f} GPU-hours)")
+
+
 def _fits_budget(result: Any, tokens: int, max_node_hours: float) -> int:
     """How many of the fastest feasible rows fit --max-node-hours (error naming the cheapest if none)."""
     from axoplan.budget import run_cost, within_node_hours
@@ -240,6 +250,7 @@ def explain(
     overlap_forward_all_reduce: FwdArOpt = False,
     layers: LayersOpt = None, hidden: HiddenOpt = None, heads: HeadsOpt = None, kv_heads: KvOpt = None,
     ffn_hidden: FfnOpt = None, vocab: VocabOpt = None,
+    tokens: TokensOpt = None,
 ) -> None:
     """Explain one layout: each collective (group, size, bytes, bandwidth, time, hidden part),
     the compute breakdown and the memory per GPU.
@@ -268,6 +279,8 @@ def explain(
             raise AxoplanError(f"--rank {n} but only {result.num_feasible} layouts are feasible")
         index = int(result.order[n - 1])
     typer.echo(report.format_explain(result, index))
+    if tokens is not None:
+        typer.echo(_cost_line(result, index, tokens))
 
 
 @app.command()

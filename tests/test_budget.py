@@ -93,3 +93,10 @@ def test_rank_budget_keeps_rows_that_fit() -> None:
     rows = [ln.split() for ln in res.stdout.splitlines()[4:] if ln.strip()]
     assert rows and all(float(r[-2].replace(",", "")) <= 3169 for r in rows)
     assert len(rows) < 10
+
+
+def test_explain_tokens_line() -> None:
+    res = run_cli("explain", "--model", "5B", "--gpus", "64", "--machine", "frontier", "--tokens", "300B")
+    assert res.returncode == 0, res.stderr
+    # 300e9 / 4,194,304 tokens per step = 71,525.6 -> 71,526 steps; 64 GCDs / 8 = 8 nodes
+    assert "time to train 300B tokens: 71,526 steps" in res.stdout and "on 8 nodes" in res.stdout
