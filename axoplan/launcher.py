@@ -20,7 +20,9 @@ from typing import Final, Literal
 from pydantic import Field, model_validator
 
 from axoplan.errors import closest_hint
+from axoplan.queues import QueueLimit
 from axoplan.schema import Frozen
+from axoplan.staging import StagingSpec
 
 __all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "fill", "placeholders_in",
            "placeholder_text"]
@@ -83,6 +85,11 @@ class LauncherSpec(Frozen):
     task_setup: tuple[str, ...] = Field(
         (), description="Shell lines run inside every task before the payload, e.g. creating a node-local "
                         "cache folder (no single quotes).")
+    queues: tuple[QueueLimit, ...] = Field(
+        (), description="Queues/QOS in order of preference, each with max wall time, node range and source; "
+                        "export picks one that fits and chains jobs when none holds the run (axoplan.queues).")
+    staging: StagingSpec | None = Field(
+        None, description="Broadcast the Python environment to node-local storage above a node count.")
 
     @model_validator(mode="after")
     def _check(self) -> LauncherSpec:
@@ -107,7 +114,8 @@ class LauncherSpec(Frozen):
         return self
 
     def _texts(self) -> tuple[str, ...]:
-        return (*self.header, *self.modules, *self.env.values(), *self.setup, self.launch,
+        staging = (*self.staging.header, *self.staging.setup) if self.staging else ()
+        return (*self.header, *self.modules, *self.env.values(), *self.setup, *staging, self.launch,
                 *self.task_env.values(), *self.task_setup)
 
     def placeholders(self) -> set[str]:

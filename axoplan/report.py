@@ -46,8 +46,11 @@ def selected_rows(r: Ranking, top: int, infeasible: bool) -> list[int]:
     return [int(i) for i in chosen[:top]]
 
 
-def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
-    """The top rows (or top infeasible rows with their reasons) as a readable table."""
+def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | None = None) -> str:
+    """The top rows (or top infeasible rows with their reasons) as a readable table.
+
+    With `tokens`, each row also shows days to train, node-hours and GPU-hours (axoplan.budget).
+    """
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
             f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
@@ -56,6 +59,11 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
     shows_interval = "p_best" in r.prediction.columns and not infeasible
     if shows_interval:
         headers[len(LABELS) + 4:len(LABELS) + 4] = ["interval s", "P(best)"]
+    if tokens is not None:
+        from axoplan.budget import format_tokens
+
+        head += f"; cost of {format_tokens(tokens)} tokens"
+        headers += ["days", "node-h", "GPU-h"]
     if infeasible:
         headers.append("why infeasible")
     rows = []
@@ -68,13 +76,15 @@ def format_table(r: Ranking, top: int, infeasible: bool = False) -> str:
         if shows_interval:
             at = len(FIELDS) + 4  # after rank, the axes, micro-batch, options and s/iter
             cells[at:at] = [_interval_text(rec), f"{rec['p_best']:.2f}" + ("=" if rec["tied"] else "")]
+        if tokens is not None:
+            cells += _cost_cells(r, rec["t_step_s"], tokens) if r.has_time(i) else ["-"] * 3
         if infeasible:
             cells.append(rec["reason"])
         rows.append(cells)
     if not rows:
         return head + "\n(no rows)"
     right = [True] * (len(LABELS) + 2) + [False] + [True] * (7 if shows_interval else 5) + \
-        ([False] if infeasible else [])
+        [True] * (3 if tokens is not None else 0) + ([False] if infeasible else [])
     foot = "\n" + _INTERVAL_NOTE if shows_interval else ""
     return head + "\n\n" + text_table(headers, rows, right) + foot
 
@@ -87,6 +97,14 @@ def _interval_text(rec: dict[str, Any]) -> str:
 _INTERVAL_NOTE = ("interval: central prediction interval (--level, default 80%); P(best): probability of being "
                   "fastest, from the machine's parameter spread and model error; '=' after P(best) marks layouts "
                   "tied with the best (docs/uncertainty.md)")
+
+
+def _cost_cells(r: Ranking, t_step_s: float, tokens: int) -> list[str]:
+    from axoplan.budget import run_cost
+
+    c = run_cost(tokens, r.options.global_batch, r.options.seq_len, t_step_s, r.world_size,
+                 r.machine.devices_per_node)
+    return [f"{c.days:.1f}", f"{c.node_hours:,.0f}", f"{c.gpu_hours:,.0f}"]
 
 
 def _records(r: Ranking, rows: Sequence[int]) -> list[dict[str, Any]]:

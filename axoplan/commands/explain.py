@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, shared_options
+from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
     from axoplan.options import RunOptions
@@ -27,6 +27,7 @@ def explain(
     machine: MachineOpt = "frontier",
     layout: Annotated[str | None, typer.Option("--layout", "-l", help="Gx x Gy x Gz x Gdata, e.g. 8x2x512x4.")] = None,
     rank_: Annotated[int | None, typer.Option("--rank", "-r", min=1, help="Explain the layout ranked N.")] = None,
+    tokens: TokensOpt = None,
     run_options: RunOptions,
     model_flags: ModelFlags,
 ) -> None:
@@ -57,3 +58,7 @@ def explain(
             raise AxoplanError(f"--rank {n} but only {result.num_feasible} layouts are feasible")
         index = int(result.order[n - 1])
     typer.echo(report.format_explain(result, index))
+    if tokens is not None and result.has_time(index):
+        from axoplan.budget import cost_line, parse_tokens
+
+        typer.echo("\n" + cost_line(result, index, parse_tokens(tokens)))

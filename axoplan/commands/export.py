@@ -94,6 +94,12 @@ def export(
     typer.echo(summary(exports, out_dir, launcher.scheduler))
     for note in _notes(launcher, settings, site, len(exports), top):
         typer.echo(f"note: {note}", err=True)
+    from axoplan.export.script import queue_choice
+
+    for e in exports:
+        if launcher.queues and queue_choice(e.plan, source.machine, settings) is None:
+            typer.echo(f"warning: no queue of {source.machine.name} holds {e.nodes} nodes ({e.folder}); its wall time "
+                       f"{e.walltime} is not capped; check the centre's limits", err=True)
 
 
 def _settings(**fields: Any) -> Any:

@@ -23,7 +23,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 __all__ = ["Flag", "RUN_FLAGS", "MODEL_FLAGS", "ModelFlags", "shared_options", "OnOffSearch", "Attention",
-           "Precision", "GradReduceDtype", "parse_ints", "GpusOpt", "MachineOpt"]
+           "Precision", "GradReduceDtype", "parse_ints", "GpusOpt", "MachineOpt",
+           "TokensOpt"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -203,5 +204,8 @@ def shared_options(*, model: bool = True) -> Callable[[F], F]:
 
 
 GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="Number of GPUs (GCDs on Frontier).")]
+TokensOpt = Annotated[str | None, typer.Option(
+    "--tokens", help="Tokens to train (e.g. 300B, 1.5T, 2e12): adds days, node-hours and GPU-hours.",
+    show_default=False)]
 MachineOpt = Annotated[str, typer.Option(
     "--machine", help="Shipped machine (see `axoplan machines`) or path to a machine YAML.")]

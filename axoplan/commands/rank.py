@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, shared_options
+from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
     from axoplan.options import RunOptions
@@ -41,6 +41,12 @@ def rank(
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
     level: Annotated[float, typer.Option("--level", min=0.01, max=0.99, help="Central probability of the "
                                          "prediction interval (0.8: 10th-90th percentile).")] = 0.8,
+    tokens: TokensOpt = None,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", min=1, help="Refuse runs on more nodes.",
+                                                  show_default=False)] = None,
+    max_node_hours: Annotated[float | None, typer.Option(
+        "--max-node-hours", min=0, help="Keep layouts whose --tokens run fits this many node-hours.",
+        show_default=False)] = None,
     run_options: RunOptions,
     model_flags: ModelFlags,
 ) -> None:
@@ -64,8 +70,10 @@ def rank(
         raise AxoplanError(f"--out {out} must end in .csv or .json")
     if out is not None:
         check_writable(out, force, "--out")
+    from axoplan.budget import budget_checks, rows_within_node_hours
     from axoplan.uncertainty import with_intervals
 
+    n_tokens = budget_checks(tokens, gpus, mach.devices_per_node, max_nodes, max_node_hours)
     result = with_intervals(do_rank(spec, mach, run_options, gpus), level=level)
     if out is not None:
         full = [int(i) for i in result.order]
@@ -73,9 +81,11 @@ def rank(
         write_text_atomic(out, text, force=force)
     if result.num_feasible == 0 and not infeasible:
         raise AxoplanError(explain_infeasible(result))
+    if max_node_hours is not None and n_tokens is not None and not infeasible:
+        top = min(top, rows_within_node_hours(result, n_tokens, max_node_hours))
     rows = report.selected_rows(result, top, infeasible)
     if fmt is Format.table:
-        typer.echo(report.format_table(result, top, infeasible))
+        typer.echo(report.format_table(result, top, infeasible, tokens=n_tokens))
     elif fmt is Format.csv:
         typer.echo(report.format_csv(result, rows), nl=False)
     else:

@@ -24,6 +24,8 @@ from axoplan.export.job import (
 from axoplan.launcher import SITE_VALUES, LauncherSpec, fill, placeholders_in
 from axoplan.machine import Machine
 from axoplan.plan import LaunchConfig
+from axoplan.queues import QueueChoice, choose_queue
+from axoplan.staging import margin_minutes, staged
 
 __all__ = ["render_job_script", "job_values", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD", "SCRIPT_NAME",
            "PLAN_NAME"]
@@ -49,10 +51,32 @@ def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name
     if plan.prediction is None:
         raise AxoplanError(f"launch config {plan.plan_id} has no prediction, so no wall time can be set; "
                            f"export it from a ranking")
-    wall = walltime_s(plan.prediction.t_step_s, settings.iterations, settings.margin_minutes)
-    return {**site_values(launcher, settings.site), "nodes": str(nodes), "tasks": str(plan.world_size),
+    wall = walltime_s(plan.prediction.t_step_s, settings.iterations, job_margin(machine, nodes, settings))
+    site = site_values(launcher, settings.site)
+    choice = queue_choice(plan, machine, settings)
+    if choice is not None:
+        wall = choice.walltime_s
+        for key in ("partition", "qos"):
+            if getattr(settings.site, key) is None and getattr(choice.queue, key) is not None:
+                site[key] = getattr(choice.queue, key)
+    return {**site, "nodes": str(nodes), "tasks": str(plan.world_size),
             "tasks_per_node": str(per_node), "gpus_per_node": str(per_node), "walltime": format_walltime(wall),
             "job_name": f"axoplan-{name}", "plan_id": plan.plan_id}
+
+
+def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> QueueChoice | None:
+    """The machine's queue for this job and its split into chained jobs (None: no queues, or none holds it)."""
+    launcher = require_launcher(machine)
+    if not launcher.queues or plan.prediction is None:
+        return None
+    nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
+    return choose_queue(launcher.queues, nodes, plan.prediction.t_step_s, settings.iterations,
+                        job_margin(machine, nodes, settings))
+
+
+def job_margin(machine: Machine, nodes: int, settings: JobSettings) -> float:
+    """Start-up margin in minutes: --margin-minutes, plus the staging term when the job is staged."""
+    return margin_minutes(require_launcher(machine).staging, nodes, settings.margin_minutes)
 
 
 def payload_env(plan: LaunchConfig, settings: JobSettings) -> dict[str, str]:
@@ -80,12 +104,15 @@ def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSetting
     launcher = require_launcher(machine)
     values = job_values(plan, machine, settings, name)
     parts = [
-        ["#!/bin/bash", *_comments(plan, machine, settings, values, rank), *_header(launcher, values)],
+        ["#!/bin/bash", *_comments(plan, machine, settings, values, rank), *_header(launcher, values),
+         *_staging_header(launcher, values)],
         ["set -eo pipefail"],
         [f"module load {fill(m, values)}" for m in launcher.modules],
         _exports(launcher.env, values),
         [fill(line, values) for line in launcher.setup],
+        _staging_setup(launcher, values),
         _plan_block(plan, settings),
+        _chain_block(queue_choice(plan, machine, settings), settings, launcher),
         _launch(launcher, values, settings.command or EXECUTOR_PAYLOAD),
     ]
     text = "\n\n".join("\n".join(p) for p in parts if p) + "\n"
@@ -108,8 +135,8 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
         f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
-        f"# predicted {pred.t_step_s:.3f} s/iteration x {settings.iterations} iterations + "
-        f"{settings.margin_minutes:g} min margin = wall time {values['walltime']}",
+        f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} iterations + "
+        f"{_margin(plan, machine, settings, values):g} min margin = wall time {values['walltime']}",
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
     if require_launcher(machine).scheduler == "slurm":
@@ -118,6 +145,16 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         lines += [f"# run from this folder on each of the {values['nodes']} nodes at once:",
                   f"#   MASTER_ADDR=<first node> bash {SCRIPT_NAME}"]
     return lines
+
+
+def _margin(plan: LaunchConfig, machine: Machine, settings: JobSettings, values: dict[str, str]) -> float:
+    return job_margin(machine, int(values["nodes"]), settings)
+
+
+def _job_iterations(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> int:
+    """Iterations of one job: all of them, or at most a chained job's share."""
+    choice = queue_choice(plan, machine, settings)
+    return settings.iterations if choice is None else choice.iterations_per_job
 
 
 def _exports(env: dict[str, str], values: dict[str, str]) -> list[str]:
@@ -150,6 +187,46 @@ def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
         "fi",
     ]
     return lines + [f"export {k}={v}" for k, v in payload_env(plan, settings).items()]
+
+
+def _staging_header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+    if launcher.staging is None or not staged(launcher.staging, int(values["nodes"])):
+        return []
+    return [f"#SBATCH {fill(line, values)}" for line in launcher.staging.header]
+
+
+def _staging_setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+    spec = launcher.staging
+    if spec is None or not staged(spec, int(values["nodes"])):
+        return []
+    return [f"# {values['nodes']} nodes >= {spec.min_nodes}: stage the Python environment to node-local storage "
+            f"{spec.source}", *(fill(line, values) for line in spec.setup)]
+
+
+def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: LauncherSpec) -> list[str]:
+    """For a run split over chained jobs: this job's index and iterations, and the submission of the next.
+
+    Job k (1-based, from AXOPLAN_JOB_INDEX) submits job k+1 with ``sbatch --dependency=afterok`` before it
+    launches, so the next starts only if this one succeeds; AXOPLAN_RESUME=1 tells the payload to resume
+    from its last checkpoint (every job but the first).
+    """
+    if choice is None or choice.jobs == 1 or launcher.scheduler != "slurm":
+        return []
+    p, per, jobs = ENV_PREFIX, choice.iterations_per_job, choice.jobs
+    last = settings.iterations - (jobs - 1) * per
+    return [
+        f"# chained run: {settings.iterations} iterations in {jobs} jobs of at most {per} iterations, queue "
+        f"{choice.queue.name} (limit {choice.queue.max_walltime_minutes} min {choice.queue.source})",
+        f'export {p}JOB_INDEX="${{{p}JOB_INDEX:-1}}"',
+        f"export {p}JOBS={jobs}",
+        f"export {p}TOTAL_ITERATIONS={settings.iterations}",
+        f"export {p}ITERATIONS=$(( {p}JOB_INDEX < {p}JOBS ? {per} : {last} ))",
+        f"export {p}RESUME=$(( {p}JOB_INDEX > 1 ? 1 : 0 ))",
+        f"if (( {p}JOB_INDEX < {p}JOBS )); then",
+        f'{_INDENT}sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,{p}JOB_INDEX=$(( {p}JOB_INDEX + 1 )) '
+        f'"${{SLURM_SUBMIT_DIR:-$PWD}}/{SCRIPT_NAME}"',
+        "fi",
+    ]
 
 
 def _launch(launcher: LauncherSpec, values: dict[str, str], payload: str) -> list[str]:

@@ -2,7 +2,7 @@
 # axoplan export, rank 1: 320B on 32768 x AMD MI250X GCD (frontier), 4096 nodes
 # layout Gx=4 Gy=8 Gz=512 Gdata=2; axonn.init(G_inter=1 G_data=2 G_intra_r=8 G_intra_c=4 G_intra_d=512)
 # micro-batch 1, no recompute, cached weights, 2 micro-batches per step; global batch 2048 x 2048 tokens
-# predicted 12.500 s/iteration x 50 iterations + 5 min margin = wall time 00:16:00
+# predicted 12.500 s/iteration x 50 iterations + 15.24 min margin = wall time 00:26:00
 # plan 35529e6456db; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A ABC123
@@ -10,10 +10,11 @@
 #SBATCH -q debug
 #SBATCH -N 4096
 #SBATCH --ntasks-per-node=8
-#SBATCH -t 00:16:00
+#SBATCH -t 00:26:00
 #SBATCH -J axoplan-01-x4-y8-z512-d2
 #SBATCH -o %x-%j.out
 #SBATCH --network=disable_rdzv_get
+#SBATCH -C nvme
 
 set -eo pipefail
 
@@ -48,6 +49,11 @@ export MASTER_PORT="3442"
 
 if (( SLURM_JOB_NUM_NODES > 1 )); then export NCCL_NET=OFI; else export NCCL_NET=Socket; fi
 conda activate "envs/torch"
+
+# 4096 nodes >= 1024: stage the Python environment to node-local storage [doc OLCF python on Frontier: sbcast to /mnt/bb]
+sbcast -pf "envs/torch.tar.gz" "/mnt/bb/$USER/axoplan-env.tar.gz"
+srun -N 4096 --ntasks-per-node=1 bash -c "mkdir -p /mnt/bb/$USER/axoplan-env && tar -xzf /mnt/bb/$USER/axoplan-env.tar.gz -C /mnt/bb/$USER/axoplan-env"
+conda activate "/mnt/bb/$USER/axoplan-env"
 
 # the launch config, and the layout as variables for the payload (see docs/export.md)
 export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"

@@ -1,0 +1,76 @@
+#!/bin/bash
+# axoplan export, rank 1: 20B on 256 x NVIDIA A100-SXM4-40GB (perlmutter), 64 nodes
+# layout Gx=4 Gy=1 Gz=8 Gdata=8; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
+# micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
+# predicted 7.250 s/iteration x 23751 iterations + 10 min margin = wall time 48:00:00
+# plan 48abdfd18685; its launch config is plan.json, next to this script
+# submit from this folder:  sbatch job.sh
+#SBATCH -A <ACCOUNT>
+#SBATCH -C gpu
+#SBATCH -q regular
+#SBATCH -N 64
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH -c 32
+#SBATCH -t 48:00:00
+#SBATCH -J axoplan-01-x4-y1-z8-d8
+#SBATCH -o %x-%j.out
+
+set -eo pipefail
+
+module load PrgEnv-gnu
+module load cray-mpich
+module load craype-accel-nvidia80
+module load cudatoolkit/12.4
+module load nccl
+
+export NCCL_NET="AWS Libfabric"
+export NCCL_NET_GDR_LEVEL="PHB"
+export NCCL_CROSS_NIC="1"
+export NCCL_SOCKET_IFNAME="hsn"
+export FI_CXI_RDZV_THRESHOLD="0"
+export FI_CXI_RDZV_GET_MIN="0"
+export FI_CXI_RDZV_EAGER_SIZE="0"
+export CUDA_DEVICE_MAX_CONNECTIONS="1"
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export MASTER_ADDR
+export MASTER_PORT="29500"
+
+source "<PYTHON_ENV>/bin/activate"
+
+# the launch config, and the layout as variables for the payload (see docs/export.md)
+export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"
+if [ ! -f "$AXOPLAN_PLAN" ]; then
+    echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
+    exit 1
+fi
+export AXOPLAN_PLAN_ID=48abdfd18685
+export AXOPLAN_G_INTER=1
+export AXOPLAN_G_DATA=8
+export AXOPLAN_G_INTRA_R=1
+export AXOPLAN_G_INTRA_C=4
+export AXOPLAN_G_INTRA_D=8
+export AXOPLAN_MICRO_BATCH=2
+export AXOPLAN_GRAD_ACCUM_STEPS=16
+export AXOPLAN_GLOBAL_BATCH=2048
+export AXOPLAN_SEQ_LEN=2048
+export AXOPLAN_RECOMPUTE=0
+export AXOPLAN_CACHE_WEIGHTS=1
+export AXOPLAN_ITERATIONS=30000
+
+# chained run: 30000 iterations in 2 jobs of at most 23751 iterations, queue regular (limit 2880 min [doc NERSC policy, unverified]: regular <= 48 h; 1536 GPU nodes of this kind)
+export AXOPLAN_JOB_INDEX="${AXOPLAN_JOB_INDEX:-1}"
+export AXOPLAN_JOBS=2
+export AXOPLAN_TOTAL_ITERATIONS=30000
+export AXOPLAN_ITERATIONS=$(( AXOPLAN_JOB_INDEX < AXOPLAN_JOBS ? 23751 : 6249 ))
+export AXOPLAN_RESUME=$(( AXOPLAN_JOB_INDEX > 1 ? 1 : 0 ))
+if (( AXOPLAN_JOB_INDEX < AXOPLAN_JOBS )); then
+    sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,AXOPLAN_JOB_INDEX=$(( AXOPLAN_JOB_INDEX + 1 )) "${SLURM_SUBMIT_DIR:-$PWD}/job.sh"
+fi
+
+# shellcheck disable=SC2016  # the quoted lines run, and expand, inside every task
+srun -N 64 -n 256 -c 32 --cpu-bind=cores --gpus-per-node=4 \
+    bash -c '
+        export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"
+        exec "$@"' axoplan-task \
+    python -u -m axoplan run "$AXOPLAN_PLAN"

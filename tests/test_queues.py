@@ -1,0 +1,96 @@
+"""Queue limits from the machine YAMLs: the exporter never asks for more wall time than the queue allows."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from axoplan.machine import load_machine
+from axoplan.queues import QueueLimit, choose_queue
+from tests.conftest import run_cli
+
+_QUEUED = ("frontier", "perlmutter", "perlmutter-80gb")
+
+
+@settings(max_examples=300, deadline=None)
+@given(machine=st.sampled_from(_QUEUED), nodes=st.integers(1, 2000), t_step_s=st.floats(0.01, 3000),
+       iterations=st.integers(1, 10**6), margin=st.floats(0, 30))
+def test_no_job_exceeds_its_queue(machine: str, nodes: int, t_step_s: float, iterations: int, margin: float) -> None:
+    queues = load_machine(machine).launcher.queues  # type: ignore[union-attr]
+    try:
+        choice = choose_queue(queues, nodes, t_step_s, iterations, margin)
+    except Exception as err:  # one iteration plus margin overflows the longest queue: refused, not exceeded
+        assert "does not fit" in str(err)
+        return
+    if choice is None:
+        assert not any(q.holds(nodes) for q in queues)
+        return
+    assert choice.queue.holds(nodes)
+    assert choice.walltime_s <= choice.queue.max_walltime_minutes * 60
+    assert choice.walltime_s >= t_step_s * choice.iterations_per_job + margin * 60
+    assert choice.jobs * choice.iterations_per_job >= iterations > (choice.jobs - 1) * choice.iterations_per_job
+
+
+def test_frontier_bins_by_hand() -> None:
+    queues = load_machine("frontier").launcher.queues  # type: ignore[union-attr]
+    # 100 nodes, 30 s x 600 + 10 min = 18,600 s = 310 min: batch-medium (92-183 nodes, 6 h) holds it in one job
+    one = choose_queue(queues, 100, 30.0, 600, 10)
+    assert one is not None and (one.queue.name, one.jobs, one.walltime_s) == ("batch-medium", 1, 18_600)
+    # 1 node, 160 s x 2000: longest for 1 node is extended (24 h = 86,400 s); (86,400 - 600) / 160 = 536.25
+    # -> 536 iterations per job, ceil(2000 / 536) = 4 jobs
+    chained = choose_queue(queues, 1, 160.0, 2000, 10)
+    assert chained is not None
+    assert (chained.queue.name, chained.iterations_per_job, chained.jobs) == ("extended", 536, 4)
+
+
+def test_no_queue_for_node_count() -> None:
+    q = QueueLimit(name="small", max_walltime_minutes=60, max_nodes=4, source="test")
+    assert choose_queue((q,), 5, 1.0, 10, 0) is None
+    with pytest.raises(ValueError, match="min_nodes"):
+        QueueLimit(name="bad", max_walltime_minutes=60, min_nodes=5, max_nodes=4, source="test")
+
+
+def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "ex"
+    res = run_cli("export", "--model", "5B", "--gpus", "8", "--machine", "frontier", "-n", "1", "-o", str(out),
+                  "--iterations", "2000", "--account", "abc123", "--python-env", "/env")
+    assert res.returncode == 0, res.stderr
+    (script,) = out.glob("*/job.sh")
+    text = script.read_text()
+    assert "#SBATCH -p extended" in text and "#SBATCH -t 24:00:00" in text
+    assert "sbatch --dependency=afterok:" in text
+    # run it under stand-ins: the first job submits job 2 and launches with 538 of 2000 iterations, no resume
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "log"
+    for tool in ("sbatch", "srun", "module", "conda"):
+        stub = bin_dir / tool
+        record = f'echo "{tool} ${{*:1:4}} ITER=$AXOPLAN_ITERATIONS RESUME=$AXOPLAN_RESUME" >> {log}'
+        stub.write_text(f"#!/bin/bash\n{record}\n")
+        stub.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_SUBMIT_DIR": str(script.parent)}
+    wrapped = "module() { command module \"$@\"; }\n" + text
+    subprocess.run(["bash", "-c", wrapped], cwd=script.parent, env=env, check=True, timeout=60)
+    lines = log.read_text().splitlines()
+    sb = [ln for ln in lines if ln.startswith("sbatch")]
+    assert sb == [f"sbatch --dependency=afterok:77 --export=ALL,AXOPLAN_JOB_INDEX=2 {script} ITER=538 RESUME=0"]
+    assert any(ln.startswith("srun -N 1 -n 8") and ln.endswith("ITER=538 RESUME=0") for ln in lines)
+    # the last job runs the remainder (2000 - 3 x 538 = 386) and resumes, submitting nothing
+    log.write_text("")
+    subprocess.run(["bash", "-c", wrapped], cwd=script.parent, env={**env, "AXOPLAN_JOB_INDEX": "4"}, check=True,
+                   timeout=60)
+    lines = log.read_text().splitlines()
+    assert not [ln for ln in lines if ln.startswith("sbatch")]
+    assert any(ln.startswith("srun") and ln.endswith("ITER=386 RESUME=1") for ln in lines)
+
+
+def test_export_warns_when_no_queue_holds_the_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Perlmutter's regular QOS lists 1,536 GPU nodes; 8,192 GPUs / 4 = 2,048 nodes fits no queue
+    res = run_cli("export", "--model", "320B", "--gpus", "8192", "--machine", "perlmutter", "-n", "1",
+                  "-o", str(tmp_path / "ex"))
+    assert res.returncode == 0, res.stderr
+    assert "warning: no queue of perlmutter holds 2048 nodes" in res.stderr
