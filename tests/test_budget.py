@@ -90,7 +90,7 @@ def test_rank_budget_keeps_rows_that_fit() -> None:
     res = run_cli("rank", "--model", "5B", "--gpus", "64", "--machine", "frontier", "--tokens", "300B",
                   "--max-node-hours", "3169", "-n", "10")
     assert res.returncode == 0, res.stderr
-    rows = [ln.split() for ln in res.stdout.splitlines()[4:] if ln.strip()]
+    rows = [ln.split() for ln in res.stdout.splitlines()[4:] if ln.strip() and ln.split()[0].isdigit()]
     assert rows and all(float(r[-2].replace(",", "")) <= 3169 for r in rows)
     assert len(rows) < 10
 

@@ -49,7 +49,7 @@ export MASTER_PORT="3442"
 if (( SLURM_JOB_NUM_NODES > 1 )); then export NCCL_NET=OFI; else export NCCL_NET=Socket; fi
 conda activate "<PYTHON_ENV>"
 
-# 4096 nodes >= 1024: stage the Python environment to node-local storage [doc OLCF python on Frontier: sbcast to /mnt/bb]
+# 4096 nodes >= 1024: stage the Python environment to node-local storage [OLCF Python-on-Frontier guide: sbcast to /mnt/bb; unverified here]
 sbcast -pf "<PYTHON_ENV>.tar.gz" "/mnt/bb/$USER/axoplan-env.tar.gz"
 srun -N 4096 --ntasks-per-node=1 bash -c "mkdir -p /mnt/bb/$USER/axoplan-env && tar -xzf /mnt/bb/$USER/axoplan-env.tar.gz -C /mnt/bb/$USER/axoplan-env"
 conda activate "/mnt/bb/$USER/axoplan-env"
