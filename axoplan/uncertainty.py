@@ -181,15 +181,17 @@ def suggest_indices(r: Ranking, k: int) -> list[int]:
     """k candidates whose measurement most likely finds the fastest: highest P(best) first,
     one per 4D layout (micro-batch and option variants of a layout share its bottlenecks),
     then the next layouts by point prediction. `r` must carry `with_intervals` columns."""
+    from axoplan.axes import AXIS_DEFS
+
     p = r.prediction.columns["p_best"]
     c = r.candidates
     feasible = r.order[r.reason[r.order] == 0]
-    by_p = sorted(feasible, key=lambda i: (-p[i], int(np.flatnonzero(feasible == i)[0])))
+    by_p = feasible[np.argsort(-p[feasible], kind="stable")]  # ties keep the point-prediction order
     chosen: list[int] = []
-    seen: set[tuple[int, int, int, int]] = set()
+    seen: set[tuple[int, ...]] = set()
     for pool in ([i for i in by_p if p[i] > 0], list(feasible)):
         for i in pool:
-            key = (int(c.gx[i]), int(c.gy[i]), int(c.gz[i]), int(c.gdata[i]))
+            key = tuple(int(getattr(c, a.field)[i]) for a in AXIS_DEFS)
             if len(chosen) < k and key not in seen:
                 seen.add(key)
                 chosen.append(int(i))
