@@ -44,6 +44,21 @@ class Device(Frozen):
     kind: Literal["gpu", "cpu"] = Field(
         "gpu", description="gpu: runs use NCCL/RCCL; cpu: one gloo rank per 'device' (the executor on a CPU box)."
     )
+    compute_units: PositiveInt | None = Field(
+        None, description="Streaming multiprocessors (NVIDIA) or compute units (AMD) that GEMM tiles are "
+        "scheduled on, in waves; omit for a CPU.")
+    kernel_gap_us: float = Field(
+        2.0, ge=0, description="Device time between two queued kernels (drain, launch, ramp-up), microseconds.")
+
+
+class Host(Frozen):
+    """The CPU that drives a device from an eager framework (PyTorch without graphs)."""
+
+    op_us: PositiveFloat = Field(
+        description="Host time to issue one framework op (Python, dispatcher, allocator, launch), microseconds.")
+    overlaps_device: bool = Field(
+        True, description="true: kernels run asynchronously while the host issues the next ones (a GPU); "
+        "false: the host runs the op itself, so its overhead adds to the compute (a CPU 'device').")
 
 
 class LinkClass(Frozen):
@@ -90,17 +105,27 @@ class GemmPoint(Frozen):
     efficiency: float = Field(gt=0, le=1)
 
 
-class GemmModel(Frozen):
-    """Shape-dependent GEMM efficiency.
+class GemmTile(Frozen):
+    """One output tile shape the BLAS library may pick, with its efficiency relative to the best."""
 
-    Without a table: ``eff = max_efficiency · Π_d d/(d + half_efficiency_dim)`` over the
-    three dimensions m, n, k (a dimension of ``half_efficiency_dim`` halves the
-    efficiency), and the GEMM is never faster than its HBM traffic allows. With a
-    measured ``table``, the nearest measured shape (in log space) gives the efficiency.
+    m: PositiveInt
+    n: PositiveInt
+    relative_efficiency: float = Field(1.0, gt=0, le=1)
+
+
+class GemmModel(Frozen):
+    """How fast a local GEMM runs (``axoplan/cost/compute.py`` has the formulas).
+
+    With ``tiles`` and the device's ``compute_units`` (a GPU): tile and wave quantization;
+    ``max_efficiency`` is the fraction of peak one full wave of the best tile reaches.
+    Without tiles (a CPU): ``eff = max_efficiency · Π_d d/(d + half_efficiency_dim)``. Either way
+    a GEMM is never faster than its HBM traffic allows; a measured ``table`` (``axoplan probe``)
+    overrides both with the nearest measured shape.
     """
 
     max_efficiency: float = Field(gt=0, le=1)
-    half_efficiency_dim: PositiveFloat
+    half_efficiency_dim: PositiveFloat = 96.0
+    tiles: tuple[GemmTile, ...] = ()
     table: tuple[GemmPoint, ...] = ()
 
 
@@ -146,9 +171,7 @@ class Machine(Frozen):
     gemm: GemmModel
     attention_efficiency: float = Field(0.45, gt=0, le=1, description="Fraction of peak in flash attention.")
     memory_efficiency: float = Field(0.7, gt=0, le=1, description="Achieved fraction of HBM bandwidth.")
-    launch_floor_us_per_layer: float = Field(
-        100.0, gt=0, description="Host-side floor: one block's forward, recompute and backward for one "
-        "micro-batch never take less (kernel launches of an eager framework), microseconds.")
+    host: Host
     measured_bandwidth: tuple[MeasuredBandwidth, ...] = Field(
         (), description="Measured bus bandwidths; when a row matches a group it overrides the theory."
     )
@@ -172,6 +195,8 @@ class Machine(Frozen):
                 seen.add(key)
         if not defaults and n > 1 and len(seen) < n * (n - 1) // 2:
             raise ValueError("some device pairs have no link class; add a class without 'pairs'")
+        if self.gemm.tiles and self.device.compute_units is None:
+            raise ValueError("gemm.tiles need device.compute_units (the SMs or CUs tiles are scheduled on)")
         return self
 
     @cached_property
@@ -227,6 +252,10 @@ def load_machine(name_or_path: str | Path) -> Machine:
     """Load a shipped machine by name, or a user's machine YAML by path."""
     path = _resolve(str(name_or_path))
     data = load_yaml_mapping(path)
+    if "launch_floor_us_per_layer" in data:
+        raise AxoplanError(f"{path}: 'launch_floor_us_per_layer' is gone: the host floor now follows from kernel "
+                           "counts; replace it with a 'host:' block with 'op_us' (host time per framework op, "
+                           "e.g. 10) as in the shipped machines/")
     try:
         return Machine.model_validate(data)
     except ValidationError as err:

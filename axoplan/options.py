@@ -44,6 +44,18 @@ class RunOptions(Frozen):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Data-parallel gradient all-reduce dtype (the AxoNN authors' model uses fp32)."
     )
+    framework: str = Field(
+        "axonn", description="Framework profile (frameworks/<name>.yaml): host ops and kernels per block.")
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, v: str) -> str:
+        from axoplan.framework import shipped_frameworks
+
+        known = shipped_frameworks()
+        if v not in known:
+            raise ValueError(f"unknown framework {v!r}; known: {', '.join(known)}")
+        return v
 
     @field_validator("micro_batches")
     @classmethod

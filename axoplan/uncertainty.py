@@ -54,7 +54,7 @@ DEFAULT_SOURCES: dict[str, str] = {
     "intra_node.latency_us": "assumption",
     "inter_node.efficiency": "assumption",
     "inter_node.latency_us": "assumption",
-    "launch_floor_us_per_layer": "assumption",
+    "host.op_us": "assumption",
 }
 """How each fittable parameter of an uncalibrated shipped machine is sourced."""
 

@@ -168,30 +168,45 @@ def test_groups_of_one_cost_nothing_and_parts_add_up(sizes):
     assert np.allclose(exposed, col["t_comm_exposed_s"])
 
 
-def test_launch_floor_makes_tiny_micro_batches_host_bound():
-    """A micro-batch never takes less than num_layers x launch_floor_us_per_layer."""
+def test_host_ops_make_tiny_micro_batches_host_bound():
+    """A micro-batch never takes less than the host needs to issue its ops: with a slow host,
+    a tiny model's micro-batch takes exactly (ops + collective calls) x op_us (hand count from
+    frameworks/axonn.yaml: 2 blocks x (17 forward + 27 backward) + head 20 + 20, no recompute,
+    one GPU per group so no collective calls)."""
     tiny = ModelSpec(name="tiny", num_layers=2, hidden=64, num_heads=4, vocab=256)
     opts = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,))
-    machine = load_machine("dgx-h100").model_copy(update={"launch_floor_us_per_layer": 500.0})
+    base = load_machine("dgx-h100")
+    machine = base.model_copy(update={"host": base.host.model_copy(update={"op_us": 500.0})})
     c = Candidates.single(Layout(1, 1, 1, 8), 1, False, False)
     col = predict(tiny, machine, opts, c).columns
+    ops = 2 * (17 + 27) + 20 + 20
     assert col["t_host_idle_s"][0] > 0
     assert col["t_step_s"][0] - col["t_optimizer_s"][0] - col["t_exposed_data_s"][0] - col["t_exposed_world_s"][0] \
-        == pytest.approx(2 * 500e-6)  # one micro-batch of two layers at the floor
+        == pytest.approx(ops * 500e-6)
     big, _ = one(Layout(2, 4, 8, 2))
-    assert big.columns["t_host_idle_s"][0] == 0  # real work hides the floor
+    assert big.columns["t_host_idle_s"][0] == 0  # real work hides the host
 
 
-def test_unfused_attention_costs_score_traffic():
-    """Unfused attention adds mbs·heads/Gy·S² score elements of HBM traffic per layer pass."""
+def test_unfused_attention_is_its_batched_gemms_plus_score_traffic():
+    """Unfused attention: per layer pass, Q·Kᵀ and P·V as batched GEMMs over mbs·heads/Gy heads
+    (four in the backward) and 9 B (forward) + 11 B (backward) of HBM traffic per score element,
+    where flash attention costs 4·mbs·S²·H/Gy flops at attention_efficiency, backward twice."""
+    from axoplan.cost.compute import attention_s, gemm_s, memory_bound_s
+
     flash, _ = one(Layout(2, 4, 8, 2))
     unfused, _ = one(Layout(2, 4, 8, 2), attention="unfused")
     extra = unfused.columns["t_nongemm_s"][0] - flash.columns["t_nongemm_s"][0]
     machine = load_machine("frontier")
-    scores = 2 * (16 / 4) * S**2  # micro-batch 2, 16 heads over Gy = 4
-    per_pass = scores * 12.0 / (machine.device.hbm_bandwidth_gbs * 1e9 * machine.memory_efficiency)
+    heads = 2 * 16 / 4  # micro-batch 2, 16 heads over Gy = 4
+    d = H / 16
+    one_arr = np.ones(1)
+    qk = gemm_s(machine, heads * S * one_arr, S * one_arr, d * one_arr)[0]
+    pv = gemm_s(machine, heads * S * one_arr, d * one_arr, S * one_arr)[0]
+    traffic = memory_bound_s(machine, heads * S * S * (9.0 + 11.0) * one_arr)[0]
+    flash_pass = attention_s(machine, 4.0 * 2 * S**2 * H / 4 * one_arr)[0]
     n_micro = B / (2 * 8 * 2)
-    assert extra == pytest.approx(n_micro * L * per_pass * 3)  # forward + backward (twice the forward)
+    expected = qk + pv + qk + 3 * pv + traffic - 3 * flash_pass
+    assert extra == pytest.approx(n_micro * L * expected)
 
 
 def test_norm_statistics_are_reduced_over_x_only_when_x_is_split():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -62,7 +63,13 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
     text = script.read_text()
     assert "#SBATCH -p extended" in text and "#SBATCH -t 24:00:00" in text
     assert "sbatch --dependency=afterok:" in text
-    # run it under stand-ins: the first job submits job 2 and launches with 538 of 2000 iterations, no resume
+    # one job holds what fits in 24 h less the margin at the predicted step time (both in the header)
+    head = re.search(r"predicted ([0-9.]+) s/iteration x (\d+) iterations \+ ([0-9.]+) min margin", text)
+    assert head is not None
+    step_s, per_job, margin_min = float(head[1]), int(head[2]), float(head[3])
+    assert per_job == int((24 * 3600 - margin_min * 60) // step_s)
+    jobs = -(-2000 // per_job)
+    # run it under stand-ins: the first job submits job 2 and launches with per_job of 2000 iterations, no resume
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "log"
@@ -77,15 +84,16 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
     subprocess.run(["bash", "-c", wrapped], cwd=script.parent, env=env, check=True, timeout=60)
     lines = log.read_text().splitlines()
     sb = [ln for ln in lines if ln.startswith("sbatch")]
-    assert sb == [f"sbatch --dependency=afterok:77 --export=ALL,AXOPLAN_JOB_INDEX=2 {script} ITER=538 RESUME=0"]
-    assert any(ln.startswith("srun -N 1 -n 8") and ln.endswith("ITER=538 RESUME=0") for ln in lines)
-    # the last job runs the remainder (2000 - 3 x 538 = 386) and resumes, submitting nothing
+    assert sb == [f"sbatch --dependency=afterok:77 --export=ALL,AXOPLAN_JOB_INDEX=2 {script} ITER={per_job} RESUME=0"]
+    assert any(ln.startswith("srun -N 1 -n 8") and ln.endswith(f"ITER={per_job} RESUME=0") for ln in lines)
+    # the last job runs the remainder and resumes, submitting nothing
     log.write_text("")
-    subprocess.run(["bash", "-c", wrapped], cwd=script.parent, env={**env, "AXOPLAN_JOB_INDEX": "4"}, check=True,
-                   timeout=60)
+    subprocess.run(["bash", "-c", wrapped], cwd=script.parent, env={**env, "AXOPLAN_JOB_INDEX": str(jobs)},
+                   check=True, timeout=60)
     lines = log.read_text().splitlines()
     assert not [ln for ln in lines if ln.startswith("sbatch")]
-    assert any(ln.startswith("srun") and ln.endswith("ITER=386 RESUME=1") for ln in lines)
+    last = 2000 - (jobs - 1) * per_job
+    assert any(ln.startswith("srun") and ln.endswith(f"ITER={last} RESUME=1") for ln in lines)
 
 
 def test_export_warns_when_no_queue_holds_the_job(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -26,19 +26,20 @@ def test_fit_recovers_the_parameters_the_runs_were_made_with() -> None:
     assert result.holdout_after.mape_pct < 0.1 < result.holdout_before.mape_pct
 
 
-def test_a_launch_floor_that_binds_is_found_from_far_away() -> None:
-    """The floor acts through max(): least squares sees no slope where it does not bind, so
-    the fit starts from a scan. Truth: a floor that binds for the small micro-batches only."""
+def test_a_host_op_cost_that_binds_is_found_from_far_away() -> None:
+    """The host acts through max(host, device): least squares sees no slope where the host
+    does not bind, so the fit starts from a scan. Truth: an op cost that makes the host bind
+    for the small micro-batches only (the median plan's device time per host op)."""
     plans = small_plans()
-    base = with_values(theory_machine(), {**TRUE_VALUES, "launch_floor_us_per_layer": 0.01})
-    per_layer_us = [float(Predictor([p])(base)["t_step_s"][0]) / p.grad_accum_steps / p.model.num_layers * 1e6
-                    for p in plans]
-    floor = float(np.median(per_layer_us))
-    truth = with_values(base, {"launch_floor_us_per_layer": floor})
+    base = with_values(theory_machine(), {**TRUE_VALUES, "host.op_us": 0.01})
+    per_op_us = [float(Predictor([p])(base)["t_step_s"][0]) / p.grad_accum_steps / (p.model.num_layers * 60) * 1e6
+                 for p in plans]
+    cost = float(np.median(per_op_us))
+    truth = with_values(base, {"host.op_us": cost})
     runs = synthetic_runs(plans, truth)
-    start = with_values(truth, {"launch_floor_us_per_layer": 150.0})
-    result = calibrate(runs, start, parameters=["launch_floor_us_per_layer"], holdout=0.0)
-    assert result.fitted[0].after == pytest.approx(floor, rel=1e-2)
+    start = with_values(truth, {"host.op_us": 10.0 if cost < 5 else 0.5})
+    result = calibrate(runs, start, parameters=["host.op_us"], holdout=0.0)
+    assert result.fitted[0].after == pytest.approx(cost, rel=1e-2)
     assert result.train_after.mape_pct < 0.5 < result.train_before.mape_pct
 
 

@@ -24,8 +24,10 @@ TRUE_VALUES = {
 
 
 def theory_machine() -> Machine:
-    """Perlmutter (4 GPUs per node) without its measured bandwidth table."""
-    return load_machine("perlmutter").model_copy(update={"measured_bandwidth": ()})
+    """Perlmutter (4 GPUs per node) without its measured bandwidth table, with the smooth GEMM
+    curve instead of tiles (so ``gemm.half_efficiency_dim`` is a parameter the runs see)."""
+    machine = load_machine("perlmutter")
+    return machine.model_copy(update={"measured_bandwidth": (), "gemm": machine.gemm.model_copy(update={"tiles": ()})})
 
 
 def small_plans(worlds: tuple[int, ...] = (2, 4, 8, 16), micro_batches: tuple[int, ...] = (1, 2, 4),
@@ -38,7 +40,8 @@ def small_plans(worlds: tuple[int, ...] = (2, 4, 8, 16), micro_batches: tuple[in
             for mb in micro_batches:
                 if global_batch % (int(gd) * int(gz) * mb):
                     continue
-                opts = RunOptions(global_batch=global_batch, seq_len=1024, micro_batches=(mb,))
+                opts = RunOptions(global_batch=global_batch, seq_len=1024, micro_batches=(mb,),
+                                  framework="axoplan-executor")  # what a record of `axoplan run` is read as
                 for rec in recompute:
                     out.append(LaunchConfig.build(
                         machine=machine, devices_per_node=4, model=SMALL, options=opts,

@@ -11,13 +11,23 @@ command runs, so `axoplan --help` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
 from axoplan.commands.validate import RunsArg
 
 __all__ = ["calibrate"]
+
+
+def _holdout_by(text: str) -> Literal["plan", "model"]:
+    from axoplan.errors import AxoplanError
+
+    if text == "plan":
+        return "plan"
+    if text == "model":
+        return "model"
+    raise AxoplanError(f"--holdout-by {text!r}: give 'plan' or 'model'")
 
 
 def calibrate(
@@ -29,6 +39,9 @@ def calibrate(
     holdout: Annotated[float, typer.Option("--holdout", help="Fraction of the plans kept out of the fit to "
                                            "measure how it generalises (0 fits on all).")] = 0.3,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random training/held-out split.")] = 0,
+    holdout_by: Annotated[str, typer.Option(
+        "--holdout-by", help="What is held out: 'plan' (random plans) or 'model' (every plan of randomly chosen "
+                             "model sizes, so the check is on sizes the fit never saw).")] = "plan",
     params: Annotated[str | None, typer.Option(
         "--params", help="Comma-separated parameters to fit (default: every one the runs constrain), e.g. "
                          "gemm.max_efficiency,intra_node.latency_us.", show_default=False)] = None,
@@ -67,7 +80,7 @@ def calibrate(
         typer.echo(f"fitting {mach.name} to {len(measured)} runs by least squares (a few seconds per hundred "
                    "plans)...", err=True)
     started = time.perf_counter()
-    result = fit(measured, mach, names, holdout, seed, top_k)
+    result = fit(measured, mach, names, holdout, seed, top_k, holdout_by=_holdout_by(holdout_by))
     if interactive:
         typer.echo(f"fitted in {time.perf_counter() - started:.1f} s", err=True)
     source = _yaml_path(machine)

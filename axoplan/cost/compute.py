@@ -1,8 +1,14 @@
-"""Compute time: GEMMs with a shape-dependent efficiency, flash attention, element-wise work.
+"""Compute time: GEMMs from tiles and waves, flash attention, element-wise work.
 
-GEMM ``[m × k]·[k × n]``: ``2mnk`` flops at ``peak · eff(m, n, k)``, but never faster
-than moving its operands through HBM once (roofline, Williams et al. 2009):
-``t = max(2mnk / (peak·eff), 2(mk + kn + mn) / (β_hbm · memory_efficiency))``.
+GEMM ``[m × k]·[k × n]`` on a GPU with ``U`` compute units (SMs or CUs): the library splits
+the output into ``tm × tn`` tiles, one per unit at a time, so it runs in
+``waves = ⌈⌈m/tm⌉·⌈n/tn⌉ / U⌉`` waves, each as long as one tile's ``2·tm·tn·k`` flops at the
+unit's share of peak times the full-wave efficiency (tile and wave quantization: NVIDIA,
+"Matrix Multiplication Background User's Guide", Deep Learning Performance docs; the tile
+shapes are CUTLASS's). The library picks the tile, and may swap m and n (``Cᵀ = BᵀAᵀ``), so the
+fastest is taken. Without tiles (a CPU) a smooth efficiency curve stands in. Either way the
+GEMM is never faster than moving its operands through HBM once (roofline, Williams et al.
+2009): ``t = max(t_tiles, 2(mk + kn + mn) / (β_hbm · memory_efficiency))``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import numpy.typing as npt
 
 from axoplan.machine import GemmModel, Machine
 
-__all__ = ["gemm_efficiency", "gemm_s", "attention_s", "memory_bound_s"]
+__all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "attention_s", "memory_bound_s"]
 
 Floats = npt.NDArray[np.float64]
 BYTES_BF16 = 2.0
@@ -38,10 +44,31 @@ def _nearest_measured(gemm: GemmModel, m: Floats, n: Floats, k: Floats) -> Float
 
 def gemm_s(machine: Machine, m: Floats, n: Floats, k: Floats) -> Floats:
     """Seconds for one ``[m×k]·[k×n]`` bf16 GEMM on one device."""
-    flops = 2.0 * m * n * k
-    compute = flops / (machine.peak_flops * gemm_efficiency(machine.gemm, m, n, k))
+    gemm, units = machine.gemm, machine.device.compute_units
+    if gemm.tiles and units is not None and not gemm.table:
+        compute = wave_quantized_s(gemm, units, machine.peak_flops, m, n, k)
+    else:
+        compute = 2.0 * m * n * k / (machine.peak_flops * gemm_efficiency(gemm, m, n, k))
     traffic = BYTES_BF16 * (m * k + k * n + m * n)
     return np.maximum(compute, memory_bound_s(machine, traffic))
+
+
+def waves(tiles: Floats, units: int) -> Floats:
+    """Waves needed to run `tiles` output tiles on `units` compute units, one tile each at a time."""
+    return np.ceil(tiles / units)
+
+
+def wave_quantized_s(gemm: GemmModel, units: int, peak_flops: float, m: Floats, n: Floats, k: Floats) -> Floats:
+    """Seconds for the GEMM by tile and wave quantization, with the best tile and orientation."""
+    best: Floats | None = None
+    per_unit = peak_flops / units * gemm.max_efficiency
+    for tile in gemm.tiles:
+        for rows, cols in ((m, n), (n, m)):
+            count = np.ceil(rows / tile.m) * np.ceil(cols / tile.n)
+            t = waves(count, units) * 2.0 * tile.m * tile.n * k / (per_unit * tile.relative_efficiency)
+            best = t if best is None else np.minimum(best, t)
+    assert best is not None
+    return best
 
 
 def attention_s(machine: Machine, flops: Floats) -> Floats:

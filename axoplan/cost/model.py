@@ -37,6 +37,7 @@ from axoplan.cost.compute import attention_s, gemm_s, memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu, padded_vocab, replicated_params, sharded_params
 from axoplan.cost.placement import place_groups
+from axoplan.framework import FrameworkProfile, load_framework
 from axoplan.machine import Machine
 from axoplan.model import LinearLayer, ModelSpec
 from axoplan.options import RunOptions
@@ -46,7 +47,8 @@ __all__ = ["CollectiveTerm", "Prediction", "predict"]
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 BYTES = 2.0  # bf16 weights and activations
-UNFUSED_BYTES_PER_SCORE = 12.0  # write QK^T, softmax read+write, dropout mask and apply, read in PV [derived]
+UNFUSED_FWD_BYTES_PER_SCORE = 9.0  # softmax read + write, dropout read + write + mask [code Megatron-DeepSpeed]
+UNFUSED_BWD_BYTES_PER_SCORE = 11.0  # dropout grad read + mask + write, softmax grad + output read + write
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,21 +162,26 @@ def _layers(
     to the layer that reads its output; the logits' softmax work to the head."""
     block = model.block_linears()
     extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens)
+    extra_bwd = {k: 2.0 * v for k, v in extra_fwd.items()}  # a backward reads and writes about twice the forward
+    if options.attention == "unfused":
+        extra_fwd["attention"], extra_bwd["attention"] = _unfused_attention_s(model, machine, options, c)
     vocab = padded_vocab(model, c)
     out = []
     for spec in (*block, model.head_linear(0)):
         head = spec.role == "head"
         n = vocab if head else np.float64(spec.n_out)
         count = 1 if head else model.num_layers
-        attach = extra_fwd["attention"] if spec.input == "attention" else 0.0
-        ew = extra_fwd["logits"] if head else extra_fwd["elementwise"] / len(block)
-        out.append(_layer(spec, n, count, machine, options, c, g, tokens, attach + ew))
+        part = "logits" if head else "elementwise"
+        share = 1.0 if head else 1.0 / len(block)
+        fwd = extra_fwd[part] * share + (extra_fwd["attention"] if spec.input == "attention" else 0.0)
+        bwd = extra_bwd[part] * share + (extra_bwd["attention"] if spec.input == "attention" else 0.0)
+        out.append(_layer(spec, n, count, machine, options, c, g, tokens, fwd, bwd))
     return out
 
 
 def _layer(
     spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions, c: Candidates,
-    g: _Groups, tokens: Floats, extra_fwd: Floats,
+    g: _Groups, tokens: Floats, extra_fwd: Floats, extra_bwd: Floats,
 ) -> _Layer:
     in_axis, out_axis = spec.in_axis, spec.out_axis
     k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis]
@@ -190,7 +197,7 @@ def _layer(
     return _Layer(
         spec=spec, count=count, in_axis=in_axis, out_axis=out_axis,
         t_fwd=t_fwd, t_dx=gemm_s(machine, tokens, k_loc, n_loc), t_dw=gemm_s(machine, n_loc, k_loc, tokens),
-        extra_fwd=np.broadcast_to(extra_fwd, tokens.shape), extra_bwd=2.0 * np.broadcast_to(extra_fwd, tokens.shape),
+        extra_fwd=np.broadcast_to(extra_fwd, tokens.shape), extra_bwd=np.broadcast_to(extra_bwd, tokens.shape),
         ag=coll.all_gather_s(bytes_block, *z),
         ar_fwd=coll.all_reduce_s(bytes_out, g.size[in_axis], g.bw[in_axis], g.lat[in_axis]),
         ar_bwd=coll.all_reduce_s(bytes_in, g.size[out_axis], g.bw[out_axis], g.lat[out_axis]),
@@ -198,6 +205,28 @@ def _layer(
         ar_data=coll.all_reduce_s(bytes_shard, g.size["data"], g.bw["data"], g.lat["data"]),
         bytes_block=bytes_block, bytes_out=bytes_out, bytes_in=bytes_in, bytes_shard=bytes_shard,
     )
+
+
+def _unfused_attention_s(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates
+) -> tuple[Floats, Floats]:
+    """Forward and backward seconds of unfused attention (Megatron's ``ParallelAttention``
+    without flash, as in Megatron-DeepSpeed's ``transformer.py``): batched GEMMs over the
+    ``b = mbs·heads/Gy`` heads, ``Q·Kᵀ`` (``[S×d]·[d×S]``, a baddbmm) and ``P·V`` (``[S×S]·[S×d]``),
+    through the tile model; the backward runs four: ``dP = dO·Vᵀ`` and ``dS·K``, ``dSᵀ·Q``, ``Pᵀ·dO``.
+    Between them, per score element (bf16, 2 bytes; the dropout mask 1 byte): the fused
+    scale-mask-softmax reads and writes it (4 B) and dropout reads, writes and stores its mask
+    (5 B) in the forward; in the backward dropout reads the gradient and mask and writes (5 B)
+    and softmax reads the gradient and its output and writes (6 B)."""
+    heads = c.micro_batch * (model.num_heads / c.gy.astype(np.float64))
+    s, d = float(options.seq_len), float(model.head_dim)
+    rows = heads * s  # the batch of S-row matrices stacked: the same tiles as `heads` separate GEMMs
+    scores_qk = gemm_s(machine, rows, np.full_like(rows, s), np.full_like(rows, d))
+    context = gemm_s(machine, rows, np.full_like(rows, d), np.full_like(rows, s))
+    scores = heads * s * s
+    fwd = scores_qk + context + memory_bound_s(machine, scores * UNFUSED_FWD_BYTES_PER_SCORE)
+    bwd = scores_qk + 3.0 * context + memory_bound_s(machine, scores * UNFUSED_BWD_BYTES_PER_SCORE)
+    return fwd, bwd
 
 
 def _nongemm_fwd_s(
@@ -211,16 +240,12 @@ def _nongemm_fwd_s(
     per token) are split over X and repeated over Y; the activation function (``2·F`` GeLU,
     ``3·F`` SwiGLU) works on ``[m_l, F/Gy]``. 2 bytes per element.
 
-    Flash attention costs ``4·mbs·S²·H/Gy`` flops at ``attention_efficiency``. Unfused
-    attention (Megatron's default without flash) also materialises the scores:
-    ``mbs·(heads/Gy)·S²`` elements, ~``UNFUSED_BYTES_PER_SCORE`` bytes of HBM traffic each.
+    Flash attention costs ``4·mbs·S²·H/Gy`` flops at ``attention_efficiency`` (unfused
+    attention: ``_unfused_attention_s``).
     """
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
     attn_flops = 4.0 * c.micro_batch * options.seq_len**2 * model.hidden / gy
     attention = attention_s(machine, attn_flops)
-    if options.attention == "unfused":
-        scores = c.micro_batch * (model.num_heads / gy) * float(options.seq_len) ** 2
-        attention = attention + memory_bound_s(machine, scores * UNFUSED_BYTES_PER_SCORE)
     act = 3.0 if model.ffn_kind == "swiglu" else 2.0
     ew_bytes = tokens * (10.0 * model.hidden / gx + act * model.ffn / gy) * BYTES
     logits_bytes = tokens * padded_vocab(model, c) / gy * (2.0 + 4.0 + 4.0)
@@ -333,15 +358,44 @@ def _compute_columns(
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
 
 
-def _host_idle_s(
-    model: ModelSpec, machine: Machine, terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats
-) -> Floats:
-    """Time the device waits for the host: a micro-batch never takes less than
-    ``num_layers · launch_floor_us_per_layer`` (eager frameworks launch every kernel from Python)."""
-    per_micro = sum(t.exposed_s for t in terms if t.phase != "step")
-    micro_total = compute["t_gemm_s"] + compute["t_nongemm_s"] + per_micro
-    floor = model.num_layers * machine.launch_floor_us_per_layer * 1e-6
-    return n_micro * np.maximum(floor - micro_total / n_micro, 0.0)
+def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates) -> tuple[Floats, Floats]:
+    """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/framework.py``):
+    every block's forward, again when recomputed with the checkpoint's bookkeeping, its backward,
+    then the head's forward and backward."""
+    rec = c.recompute.astype(np.float64)
+    blk, head = profile.block, profile.head
+    fwd_k, bwd_k = profile.kernels_per_block
+    ops = model.num_layers * (blk.forward.host_ops * (1.0 + rec) + blk.backward.host_ops
+                              + blk.recompute_extra_host_ops * rec)
+    kernels = model.num_layers * (fwd_k * (1.0 + rec) + bwd_k)
+    ops = ops + head.forward.host_ops + head.backward.host_ops
+    kernels = kernels + sum(p.kernels + p.gemm_kernels for p in (head.forward, head.backward))
+    return ops, kernels
+
+
+def _host_s(
+    profile: FrameworkProfile, model: ModelSpec, machine: Machine, c: Candidates, terms: list[CollectiveTerm],
+    n_micro: Floats,
+) -> tuple[Floats, Floats]:
+    """Host seconds and device kernel-gap seconds per step.
+
+    Each host op costs ``host.op_us``; each collective call on a group of more than one rank is
+    one more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
+    each kernel costs the device ``device.kernel_gap_us`` besides its work."""
+    ops, kernels = _per_micro_counts(profile, model, c)
+    calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms if t.phase != "step") / n_micro
+    host = n_micro * (ops + calls) * machine.host.op_us * 1e-6
+    gaps = n_micro * (kernels + calls) * machine.device.kernel_gap_us * 1e-6
+    return host, gaps
+
+
+def _host_idle_s(machine: Machine, host_s: Floats, device_s: Floats) -> Floats:
+    """Time the device waits for the host. A GPU runs kernels while the host issues the next
+    ones, so per micro-batch the slower of the two sets the pace: idle = max(host − device, 0)
+    (the host-bound regime of eager frameworks). A CPU 'device' is the host: the overhead adds."""
+    if machine.host.overlaps_device:
+        return np.maximum(host_s - device_s, 0.0)
+    return host_s
 
 
 def _step_columns(
@@ -356,8 +410,12 @@ def _step_columns(
         cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
     cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
     cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
-    cols["t_compute_s"] = compute["t_gemm_s"] + compute["t_nongemm_s"] + compute["t_optimizer_s"]
-    cols["t_host_idle_s"] = _host_idle_s(model, machine, terms, compute, n_micro)
+    host_s, gaps_s = _host_s(load_framework(options.framework), model, machine, c, terms, n_micro)
+    cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s
+    cols["t_compute_s"] = compute["t_gemm_s"] + cols["t_nongemm_s"] + compute["t_optimizer_s"]
+    device_s = compute["t_gemm_s"] + cols["t_nongemm_s"] + cast(
+        Floats, sum(t.exposed_s for t in terms if t.phase != "step"))
+    cols["t_host_idle_s"] = _host_idle_s(machine, host_s, device_s)
     step = cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_host_idle_s"]
     cols["t_step_s"] = step
     world = c.world_size.astype(np.float64)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -30,7 +31,7 @@ from axoplan.validate.records import Measured
 from axoplan.validate.yamledit import format_value
 
 __all__ = ["Parameter", "PARAMETERS", "FittedParameter", "Calibration", "calibrate", "split_holdout",
-           "parameter_value", "with_values", "select_parameters"]
+           "parameter_value", "with_values", "select_parameters", "split_by_model", "HoldoutBy"]
 
 _SENSITIVITY_STEP = 0.05  # relative change of a parameter when testing whether the runs see it
 _MIN_SENSITIVITY = 1e-4  # smallest log-change of any prediction that counts as "seen"
@@ -56,7 +57,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("intra_node.latency_us", 0.01, 1e5, "collective step latency inside a node, µs"),
     Parameter("inter_node.efficiency", 0.005, 1.0, "fraction of injection bandwidth across nodes"),
     Parameter("inter_node.latency_us", 0.01, 1e5, "collective step latency across nodes, µs"),
-    Parameter("launch_floor_us_per_layer", 0.01, 1e6, "host floor per block and micro-batch, µs", floor=True),
+    Parameter("host.op_us", 0.01, 1e4, "host time per framework op, µs (binds where the host is slower)", floor=True),
 )
 """What `calibrate` may fit; each bound keeps the machine schema valid."""
 
@@ -108,6 +109,30 @@ def split_holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
         raise AxoplanError(f"holding out {fraction:.0%} of {n} plans leaves none to fit; lower --holdout")
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[n_hold:]), np.sort(perm[:n_hold])
+
+
+HoldoutBy = Literal["plan", "model"]
+
+
+def split_by_model(plans: Sequence[PlanRuns], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, held-out) indices holding out whole models (same shape: layers, hidden, heads, ...):
+    models are taken in a seeded random order until at least `fraction` of the plans are held
+    out, so no held-out plan shares its model with a fitted one (a fit that only memorises
+    the fitted sizes shows it)."""
+    split_holdout(len(plans), fraction, seed)  # the same checks of the fraction
+    keys = [p.plan.model.model_dump_json() for p in plans]
+    models = sorted(set(keys))
+    if fraction == 0.0:
+        return np.arange(len(plans)), np.array([], dtype=np.int64)
+    if len(models) < 2:
+        raise AxoplanError("--holdout-by model needs runs of at least two model sizes")
+    held: set[str] = set()
+    for i in np.random.default_rng(seed).permutation(len(models)):
+        if sum(k in held for k in keys) >= fraction * len(plans) or len(held) == len(models) - 1:
+            break
+        held.add(models[i])
+    mask = np.array([k in held for k in keys])
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
 
 
 def select_parameters(predictor: Predictor, machine: Machine, params: Sequence[Parameter]) -> list[Parameter]:
@@ -208,10 +233,14 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
 
 
 def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[str] | None = None,
-              holdout: float = 0.3, seed: int = 0, top_k: int = 3) -> Calibration:
-    """Fit `machine` to the training part of `runs`; report before/after on both parts."""
+              holdout: float = 0.3, seed: int = 0, top_k: int = 3, holdout_by: HoldoutBy = "plan") -> Calibration:
+    """Fit `machine` to the training part of `runs`; report before/after on both parts. The
+    held-out part is random plans (``holdout_by="plan"``) or whole models (``"model"``)."""
     plans = aggregate(runs)
-    train, hold = split_holdout(len(plans), holdout, seed)
+    if holdout_by == "model":
+        train, hold = split_by_model(plans, holdout, seed)
+    else:
+        train, hold = split_holdout(len(plans), holdout, seed)
     fit_plans: list[PlanRuns] = [plans[i] for i in train]
     predictor = Predictor([p.plan for p in fit_plans])
     measured = np.array([p.measured_s for p in fit_plans])

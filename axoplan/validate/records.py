@@ -62,7 +62,7 @@ CSV_OPTIONAL: dict[str, str] = {
     "model_name": "", "kv_heads": "", "ffn_hidden": "", "ffn_kind": "gelu", "vocab": "51200",
     "max_positions": "0", "tied_embeddings": "true", "biases": "true", "cache_weights": "false",
     "oar": "true", "ors": "true", "oag": "true", "overlap_forward_all_reduce": "false",
-    "grad_reduce_dtype": "fp32", "devices_per_node": "", "t_step_std_s": "0",
+    "grad_reduce_dtype": "fp32", "devices_per_node": "", "t_step_std_s": "0", "framework": "axonn",
 }
 """Optional columns and their defaults ('' = derived: GQA off, 4·H FFN, the machine's node size).
 Columns named ``phase_<name>_s`` carry measured seconds per iteration by phase."""
@@ -75,6 +75,7 @@ VTRAIN_COLUMNS: tuple[str, ...] = (
 VTRAIN_MACHINE = "dgx-a100"
 VTRAIN_VOCAB = 50304  # GPT-2's 50,257 padded by Megatron to a multiple of 128 (--make-vocab-size-divisible-by)
 VTRAIN_DEVICES_PER_NODE = 8
+VTRAIN_FRAMEWORK = "megatron-deepspeed"  # the vTrain runs' training code (frameworks/megatron-deepspeed.yaml)
 
 _TRUE = {"true", "1", "yes", "on", "y", "t"}
 _FALSE = {"false", "0", "no", "off", "n", "f"}
@@ -97,10 +98,20 @@ def load_runs(paths: Sequence[Path]) -> list[Measured]:
     return runs
 
 
+EXECUTOR_FRAMEWORK = "axoplan-executor"
+"""Records written by `axoplan run` are runs of axoplan's own executor, whatever the plan was ranked for."""
+
+
 def _read_jsonl(path: Path) -> list[Measured]:
     numbers = [n for n, line in enumerate(read_text(path, "runs file").splitlines(), start=1) if line.strip()]
-    return [Measured(r.plan, r.t_step_s, f"{path}:{n}", r.t_step_std_s, dict(r.phase_s), r.backend)
+    return [Measured(_as_executed(r.plan), r.t_step_s, f"{path}:{n}", r.t_step_std_s, dict(r.phase_s), r.backend)
             for n, r in zip(numbers, read_runs(path), strict=True)]
+
+
+def _as_executed(plan: LaunchConfig) -> LaunchConfig:
+    """The plan with the framework that actually ran it (see EXECUTOR_FRAMEWORK)."""
+    options = plan.options.model_copy(update={"framework": EXECUTOR_FRAMEWORK})
+    return plan.model_copy(update={"options": options})
 
 
 def _read_csv(path: Path) -> list[Measured]:
@@ -155,7 +166,7 @@ def _axoplan_row(row: dict[str, str], where: str, node_sizes: dict[str, int]) ->
                        overlap_all_reduce=get.bool("oar"), overlap_reduce_scatter=get.bool("ors"),
                        overlap_all_gather=get.bool("oag"),
                        overlap_forward_all_reduce=get.bool("overlap_forward_all_reduce"),
-                       grad_reduce_dtype=get.text("grad_reduce_dtype"))
+                       grad_reduce_dtype=get.text("grad_reduce_dtype"), framework=get.text("framework"))
     machine = get.text("machine")
     per_node = get.int("devices_per_node", None) or _node_size(machine, where, node_sizes)
     layout = _layout(where, get.int("gx"), get.int("gy"), get.int("gz"), get.int("gdata"))
@@ -183,7 +194,7 @@ def vtrain_plan(row: Mapping[str, int]) -> LaunchConfig:
     options = RunOptions(global_batch=int(row["global_batch"]), seq_len=seq, micro_batches=(mb,), recompute="on",
                          cache_weights="off", overlap_all_reduce=False, overlap_reduce_scatter=False,
                          overlap_all_gather=False, grad_reduce_dtype="bf16",
-                         attention="unfused")
+                         attention="unfused", framework=VTRAIN_FRAMEWORK)
     return LaunchConfig.build(machine=VTRAIN_MACHINE, devices_per_node=VTRAIN_DEVICES_PER_NODE, model=model,
                               options=options, layout=Layout(1, int(row["t"]), 1, int(row["d"])), micro_batch=mb,
                               recompute=True, cache_weights=False)

@@ -1,0 +1,130 @@
+"""Issue 11: GEMMs from tiles and waves, kernel and host-op accounting per framework profile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from axoplan.candidates import Candidates
+from axoplan.cost.compute import gemm_s, wave_quantized_s, waves
+from axoplan.cost.model import predict
+from axoplan.errors import AxoplanError
+from axoplan.framework import load_framework, shipped_frameworks
+from axoplan.layout import Layout
+from axoplan.machine import GemmTile, Machine, load_machine
+from axoplan.model import ModelSpec
+from axoplan.options import RunOptions
+
+A100 = load_machine("dgx-a100")
+
+
+def one_tile(units: int = 108, tm: int = 128, tn: int = 128) -> Machine:
+    """The A100 with a single tile shape, full efficiency and an HBM too fast to bind."""
+    gemm = A100.gemm.model_copy(update={"tiles": (GemmTile(m=tm, n=tn),), "max_efficiency": 1.0})
+    device = A100.device.model_copy(update={"compute_units": units, "hbm_bandwidth_gbs": 1e9})
+    return A100.model_copy(update={"gemm": gemm, "device": device})
+
+
+def test_one_tile_more_than_a_full_wave_costs_a_second_wave() -> None:
+    """108 tiles of 128x128 fill 108 SMs once; the 109th tile needs a second wave: twice the time.
+    One wave: 2·128·128·k flops at 312/108 TFLOP/s per SM."""
+    m = one_tile()
+    k = np.array([4096.0])
+    full = gemm_s(m, np.array([128.0 * 108]), np.array([128.0]), k)
+    over = gemm_s(m, np.array([128.0 * 108 + 1]), np.array([128.0]), k)
+    assert full[0] == pytest.approx(2 * 128 * 128 * 4096 / (312e12 / 108))
+    assert over[0] == pytest.approx(2 * full[0])
+
+
+def test_waves_are_the_ceiling_of_tiles_over_units() -> None:
+    assert list(waves(np.array([1.0, 108.0, 109.0, 216.0, 217.0]), 108)) == [1, 1, 2, 2, 3]
+
+
+def test_the_library_takes_the_faster_tile_and_orientation() -> None:
+    """m = 64·108 fills one wave of 64x64 tiles but two of 128x128 ones (54·... rows): with both
+    tiles offered at equal efficiency the smaller one's single wave of quarter tiles wins."""
+    base = one_tile()
+    both = base.model_copy(update={"gemm": base.gemm.model_copy(update={"tiles": (
+        GemmTile(m=128, n=128), GemmTile(m=64, n=64))})})
+    args = np.array([64.0 * 108]), np.array([64.0]), np.array([1024.0])
+    big_only = gemm_s(base, *args)[0]  # ceil(6912/128)=54 tiles x 1 = one wave of 128x128 tiles
+    assert gemm_s(both, *args)[0] == pytest.approx(min(big_only, 2 * 64 * 64 * 1024 / (312e12 / 108)))
+    swapped = gemm_s(both, args[1], args[0], args[2])[0]
+    assert swapped == pytest.approx(gemm_s(both, *args)[0])  # Cᵀ = BᵀAᵀ: orientation is free
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(1, 20000), k=st.integers(1, 8192),
+       units=st.integers(1, 200), extra=st.integers(1, 100))
+def test_more_compute_units_are_never_slower(m: int, n: int, k: int, units: int, extra: int) -> None:
+    """More SMs of the same kind (the device's peak grows with them) never make a GEMM slower."""
+    args = np.array([float(m)]), np.array([float(n)]), np.array([float(k)])
+    per_unit = A100.peak_flops / 108
+    t_few = wave_quantized_s(A100.gemm, units, per_unit * units, *args)[0]
+    t_more = wave_quantized_s(A100.gemm, units + extra, per_unit * (units + extra), *args)[0]
+    assert t_more <= t_few * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(1, 20000), k=st.integers(1, 8192))
+def test_a_gemm_never_beats_its_flops_at_full_wave_efficiency(m: int, n: int, k: int) -> None:
+    args = np.array([float(m)]), np.array([float(n)]), np.array([float(k)])
+    assert gemm_s(A100, *args)[0] >= 2.0 * m * n * k / (A100.peak_flops * A100.gemm.max_efficiency) * (1 - 1e-12)
+
+
+def test_shipped_profiles_load_and_fused_profiles_launch_fewer_kernels() -> None:
+    """Megatron-AxoNN's flash attention replaces the unfused scores' baddbmm, softmax, dropout,
+    bmm and copy: it never launches more kernels, nor issues more host ops, per block."""
+    assert {"axonn", "megatron-deepspeed", "axoplan-executor"} <= set(shipped_frameworks())
+    fused, unfused = load_framework("axonn"), load_framework("megatron-deepspeed")
+    assert fused.kernels_per_block[0] <= unfused.kernels_per_block[0]
+    assert fused.kernels_per_block[1] <= unfused.kernels_per_block[1]
+    assert fused.block.forward.host_ops < unfused.block.forward.host_ops
+    # Megatron-DeepSpeed's hand count, per block forward: 10 non-GEMM kernels + 6 GEMM/bmm kernels
+    assert unfused.kernels_per_block == (16, 44)
+
+
+def test_an_unknown_framework_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown framework 'megatron'"):
+        RunOptions(framework="megatron")
+    with pytest.raises(AxoplanError, match="did you mean 'axonn'"):
+        load_framework("axon")
+
+
+TINY = ModelSpec(name="tiny", num_layers=2, hidden=64, num_heads=4, vocab=256)
+OPTS = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,))
+
+
+def test_kernel_gaps_are_counted_per_kernel_on_the_device() -> None:
+    """Every kernel costs kernel_gap_us: raising it by 1 µs adds (kernels per micro-batch) µs per
+    micro-batch, hand-counted from frameworks/axonn.yaml: 2 blocks x (10 + 36) + head (13 + 14)."""
+    c = Candidates.single(Layout(1, 1, 1, 8), 1, False, False)
+    base = predict(TINY, A100, OPTS, c).columns["t_nongemm_s"][0]
+    slower = A100.model_copy(update={"device": A100.device.model_copy(update={"kernel_gap_us": 3.0})})
+    diff = predict(TINY, slower, OPTS, c).columns["t_nongemm_s"][0] - base
+    assert diff == pytest.approx((2 * (10 + 36) + 13 + 14) * 1e-6)
+
+
+def test_recompute_repeats_the_forward_ops_and_adds_the_checkpoint_bookkeeping() -> None:
+    """With a slow host, recompute adds L·(forward ops + bookkeeping) x op_us per micro-batch."""
+    slow = A100.model_copy(update={"host": A100.host.model_copy(update={"op_us": 1000.0})})
+    plain = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, False, False)).columns
+    rec = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, True, False)).columns
+    added = (rec["t_step_s"][0] - plain["t_step_s"][0])
+    assert added == pytest.approx(2 * (17 + 10) * 1e-3, rel=1e-6)
+
+
+def test_a_cpu_device_pays_its_host_overhead_on_top_of_the_work() -> None:
+    """A CPU 'device' runs the ops it issues: the host time adds (no max)."""
+    cpu = load_machine("local-cpu")
+    c = Candidates.single(Layout(1, 1, 1, 1), 1, False, False)
+    opts = RunOptions(global_batch=1, seq_len=32, micro_batches=(1,), framework="axoplan-executor")
+    col = predict(TINY, cpu, opts, c).columns
+    profile = load_framework("axoplan-executor")
+    ops = 2 * (profile.block.forward.host_ops + profile.block.backward.host_ops) + \
+        profile.head.forward.host_ops + profile.head.backward.host_ops
+    assert col["t_host_idle_s"][0] == pytest.approx(ops * cpu.host.op_us * 1e-6)
+    assert col["t_step_s"][0] == pytest.approx(col["t_compute_s"][0] + col["t_comm_exposed_s"][0]
+                                               + col["t_host_idle_s"][0])
