@@ -57,6 +57,11 @@ class FrameworkProfile(Frozen):
     description: str = ""
     block: BlockCounts
     head: BlockCounts = Field(description="The final norm, LM head and vocabulary-parallel loss, per micro-batch.")
+    grad_reduce_overlaps_backward: bool = Field(
+        False, description="true: the data-parallel gradient all-reduce is bucketed per layer and launched during "
+        "the last micro-batch's backward (DDP-style), so each layer's bucket hides behind the next layer's "
+        "backward; false: it runs after the backward, exposed (AxoNN's sync_gradients, Megatron-DeepSpeed without "
+        "gradient buckets).")
 
     @property
     def kernels_per_block(self) -> tuple[int, int]:

@@ -128,3 +128,24 @@ def test_a_cpu_device_pays_its_host_overhead_on_top_of_the_work() -> None:
     assert col["t_host_idle_s"][0] == pytest.approx(ops * cpu.host.op_us * 1e-6)
     assert col["t_step_s"][0] == pytest.approx(col["t_compute_s"][0] + col["t_comm_exposed_s"][0]
                                                + col["t_host_idle_s"][0])
+
+
+def test_bucketed_gradient_reduction_hides_behind_the_backward_and_never_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile whose gradient buckets are reduced during the backward exposes, per layer,
+    max(all-reduce − the next backward compute, 0): never more than the serial case, never
+    hiding more than the all-reduce itself."""
+    from axoplan.cost import model as cost_model
+
+    opts = RunOptions(global_batch=64, seq_len=1024, micro_batches=(1,))
+    spec = ModelSpec(name="m", num_layers=4, hidden=2048, num_heads=16, vocab=8192)
+    cands = Candidates.enumerate(16, opts)
+    serial = predict(spec, A100, opts, cands)
+    profile = load_framework("axonn")
+    bucketed = profile.model_copy(update={"grad_reduce_overlaps_backward": True})
+    monkeypatch.setattr(cost_model, "load_framework", lambda name: bucketed)
+    overlapped = predict(spec, A100, opts, cands)
+    before = serial.columns["t_exposed_data_s"]
+    after = overlapped.columns["t_exposed_data_s"]
+    assert (after <= before + 1e-15).all() and (after >= 0).all()
+    assert np.allclose(overlapped.columns["t_comm_data_s"], serial.columns["t_comm_data_s"])
+    assert (after < before).any()  # some layouts do hide part of it

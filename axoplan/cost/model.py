@@ -262,9 +262,10 @@ def _collective_terms(
 ) -> list[CollectiveTerm]:
     terms: list[CollectiveTerm] = []
     last_in_block = [lay for lay in layers if lay.spec.role != "head"][-1]
+    overlap_data = load_framework(options.framework).grad_reduce_overlaps_backward
     for i, lay in enumerate(layers):
         prev = layers[i - 1] if i > 0 else last_in_block  # the previous linear in execution order
-        terms += _linear_terms(lay, prev, g=g, options=options, c=c, n_micro=n_micro)
+        terms += _linear_terms(lay, prev, g=g, options=options, c=c, n_micro=n_micro, overlap_data=overlap_data)
     terms += _statistics_terms(model, g, c, tokens, n_micro)
     terms.append(_world_term(model, options, g, n_micro))
     return terms
@@ -272,10 +273,13 @@ def _collective_terms(
 
 def _linear_terms(
     lay: _Layer, prev: _Layer, *, g: _Groups, options: RunOptions, c: Candidates,
-    n_micro: Floats,
+    n_micro: Floats, overlap_data: bool = False,
 ) -> list[CollectiveTerm]:
     """The eight collectives of one linear layer (table in the module docstring), with their
-    exposed parts. Layers that are not ``recomputed`` (the LM head) have no recompute calls."""
+    exposed parts. Layers that are not ``recomputed`` (the LM head) have no recompute calls.
+    With ``overlap_data`` (a framework whose gradient buckets are reduced during the backward)
+    the data all-reduce of a layer hides behind the backward compute of the layer before it
+    in the forward order (``prev``), which runs next in the last micro-batch's backward."""
     calls = n_micro * lay.count
     rec = c.recompute.astype(np.float64) * lay.spec.recomputed
     ag_fwd_exposed = np.maximum(lay.ag - prev.compute_fwd, 0.0) if options.overlap_all_gather else lay.ag
@@ -286,6 +290,7 @@ def _linear_terms(
     ag_again = np.where(c.cache_weights, 0.0, lay.ag)  # recompute and backward re-gather unless cached
     ag_bwd_exposed, rs_exposed = _backward_z_exposed(lay, prev, ag_again, options)
     ar_bwd_exposed = np.maximum(lay.ar_bwd - lay.t_dw, 0.0) if options.overlap_all_reduce else lay.ar_bwd
+    ar_data_exposed = np.maximum(lay.ar_data - prev.compute_bwd, 0.0) if overlap_data else lay.ar_data
     rows = (
         ("forward", "all-gather", "z", lay.bytes_block, calls, lay.ag, ag_fwd_exposed),
         ("forward", "all-reduce", lay.in_axis, lay.bytes_out, calls, lay.ar_fwd, ar_fwd_exposed),
@@ -295,7 +300,8 @@ def _linear_terms(
         ("backward", "all-gather", "z", lay.bytes_block, calls, ag_again, ag_bwd_exposed),
         ("backward", "all-reduce", lay.out_axis, lay.bytes_in, calls, lay.ar_bwd, ar_bwd_exposed),
         ("backward", "reduce-scatter", "z", lay.bytes_block, calls, lay.rs, rs_exposed),
-        ("step", "all-reduce", "data", lay.bytes_shard, np.full_like(n_micro, lay.count), lay.ar_data, lay.ar_data),
+        ("step", "all-reduce", "data", lay.bytes_shard, np.full_like(n_micro, lay.count), lay.ar_data,
+         ar_data_exposed),
     )
     return [CollectiveTerm(lay.spec.name, phase, op, axis, g.size[axis].astype(np.int64), g.stride[axis], nbytes,
                            k, g.bw[axis], t, e) for phase, op, axis, nbytes, k, t, e in rows]
