@@ -12,9 +12,10 @@ carries its source in a comment. Bandwidths are GB/s (1e9 bytes/s) per direction
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
@@ -89,6 +90,16 @@ class InterNode(Frozen):
     global_bandwidth_fraction: float = Field(
         1.0, gt=0, le=1, description="Bandwidth fraction left to groups spanning several dragonfly groups."
     )
+    scale_exponent: float = Field(
+        0.0, ge=0, le=1, description="Collective bandwidth falls with the nodes a group spans: "
+        "bw(N) = bw(reference) · (N / scale_reference_nodes)^(−scale_exponent) beyond the reference (0: flat).")
+    scale_reference_nodes: PositiveInt = Field(
+        2, description="Node count at which the bandwidth figures (and a measured table's rows) were taken.")
+
+    def scale_factor(self, nodes: int) -> float:
+        """Fraction of the reference bandwidth left to a group spanning `nodes` nodes (1 up to the reference)."""
+        ratio = max(nodes, self.scale_reference_nodes) / self.scale_reference_nodes
+        return float(ratio ** (-self.scale_exponent))
 
     @property
     def injection_gbs(self) -> float:
@@ -210,6 +221,13 @@ class Machine(Frozen):
                 bw[a, b] = bw[b, a] = c.bandwidth_gbs
         np.fill_diagonal(bw, np.inf)
         return bw
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Machine:
+        """A copy that recomputes what was cached from the old values (placements, link matrix)."""
+        copy = super().model_copy(update=update, deep=deep)
+        for cached in ("placement_memo", "pair_bandwidth_gbs"):
+            copy.__dict__.pop(cached, None)
+        return copy
 
     @cached_property
     def placement_memo(self) -> dict[tuple[int, int], object]:

@@ -160,7 +160,7 @@ def format_explain(r: Ranking, i: int) -> str:
         ["GEMMs (all linear layers, fwd + recompute + bwd)", f"{rec['t_gemm_s']:.4f}"],
         ["attention and element-wise (redundant over X)", f"{rec['t_nongemm_s']:.4f}"],
         ["optimizer step", f"{rec['t_optimizer_s']:.4f}"],
-        ["host-bound idle (micro-batches below the launch floor)", f"{rec['t_host_idle_s']:.4f}"],
+        ["host-bound idle (the host issues ops slower than the device runs them)", f"{rec['t_host_idle_s']:.4f}"],
     ], [False, True])]
     lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)", _collectives_table(r, i)]
     lines += ["", _memory_section(r, i)]

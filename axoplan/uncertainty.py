@@ -54,6 +54,7 @@ DEFAULT_SOURCES: dict[str, str] = {
     "intra_node.latency_us": "assumption",
     "inter_node.efficiency": "assumption",
     "inter_node.latency_us": "assumption",
+    "inter_node.scale_exponent": "assumption",
     "host.op_us": "assumption",
 }
 """How each fittable parameter of an uncalibrated shipped machine is sourced."""

@@ -26,13 +26,18 @@ def frontier() -> Machine:
 
 @pytest.fixture(scope="session")
 def frontier_theory() -> Machine:
-    """Frontier without the AxoNN authors' measured table: placement theory only."""
-    return load_machine("frontier").model_copy(update={"measured_bandwidth": ()})
+    """Frontier without the AxoNN authors' measured table: placement theory only (at the
+    reference node count: no loss with scale, which tests/test_placement.py checks apart)."""
+    return _flat(load_machine("frontier").model_copy(update={"measured_bandwidth": ()}))
 
 
 @pytest.fixture(scope="session")
 def perlmutter_theory() -> Machine:
-    return load_machine("perlmutter").model_copy(update={"measured_bandwidth": ()})
+    return _flat(load_machine("perlmutter").model_copy(update={"measured_bandwidth": ()}))
+
+
+def _flat(machine: Machine) -> Machine:
+    return machine.model_copy(update={"inter_node": machine.inter_node.model_copy(update={"scale_exponent": 0.0})})
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

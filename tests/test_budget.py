@@ -87,12 +87,19 @@ def test_rank_budget_errors(args: list[str], message: str) -> None:
 
 
 def test_rank_budget_keeps_rows_that_fit() -> None:
-    res = run_cli("rank", "--model", "5B", "--gpus", "64", "--machine", "frontier", "--tokens", "300B",
-                  "--max-node-hours", "3169", "-n", "10")
-    assert res.returncode == 0, res.stderr
-    rows = [ln.split() for ln in res.stdout.splitlines()[4:] if ln.strip() and ln.split()[0].isdigit()]
-    assert rows and all(float(r[-2].replace(",", "")) <= 3169 for r in rows)
-    assert len(rows) < 10
+    """A cap between two rows' node-hours keeps exactly the rows at or below it."""
+    def rows(*extra: str) -> list[list[str]]:
+        res = run_cli("rank", "--model", "5B", "--gpus", "64", "--machine", "frontier", "--tokens", "300B",
+                      "-n", "10", *extra)
+        assert res.returncode == 0, res.stderr
+        return [ln.split() for ln in res.stdout.splitlines()[4:] if ln.strip() and ln.split()[0].isdigit()]
+
+    hours = sorted(float(r[-2].replace(",", "")) for r in rows())
+    cut = next(i for i in range(4, len(hours)) if hours[i] > hours[i - 1])  # a gap after at least 4 rows
+    cap = (hours[cut - 1] + hours[cut]) / 2
+    kept = rows("--max-node-hours", f"{cap:.3f}")
+    assert kept and all(float(r[-2].replace(",", "")) <= cap for r in kept)
+    assert len(kept) < 10
 
 
 def test_explain_tokens_line() -> None:

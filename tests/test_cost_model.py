@@ -63,11 +63,13 @@ def test_transposed_layer_swaps_x_and_y():
 
 
 def test_ring_time_of_one_collective():
-    """Z all-gather on Frontier, stride 8 (whole node), size 8: measured table gives 5 GB/s."""
+    """Z all-gather on Frontier, stride 8 (whole node), size 8: the measured table's 2-node
+    10 GB/s, less the loss with scale over 8 nodes: 10·(8/2)^-0.143 GB/s."""
     _, t = one(Layout(2, 4, 8, 2))
     ag = t["qkv", "forward", "all-gather"]
-    expected = 7 / 8 * ag.nbytes[0] / 5e9 + 3 * 6e-6  # (p-1)/p · bytes / bw + log2(8) · alpha
-    assert ag.bandwidth_gbs[0] == 5.0 and ag.seconds_per_call[0] == pytest.approx(expected)
+    bw = 10.0 * 4**-0.143
+    expected = 7 / 8 * ag.nbytes[0] / (bw * 1e9) + 3 * 6e-6  # (p-1)/p · bytes / bw + log2(8) · alpha
+    assert ag.bandwidth_gbs[0] == pytest.approx(bw) and ag.seconds_per_call[0] == pytest.approx(expected)
 
 
 def test_recompute_pays_forward_twice_unless_cached():

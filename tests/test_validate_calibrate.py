@@ -61,7 +61,7 @@ def test_single_node_runs_leave_the_network_alone() -> None:
     truth = with_values(theory_machine(), TRUE_VALUES)
     runs = synthetic_runs(small_plans(worlds=(2, 4)), truth)  # 4 GPUs per node: nothing crosses nodes
     result = calibrate(runs, theory_machine(), holdout=0.0)
-    assert set(result.unused) == {"inter_node.efficiency", "inter_node.latency_us"}
+    assert set(result.unused) == {"inter_node.efficiency", "inter_node.latency_us", "inter_node.scale_exponent"}
     assert result.calibrated.inter_node == theory_machine().inter_node
     assert result.holdout_before is None and result.holdout_after is None
 
@@ -105,3 +105,15 @@ def test_every_parameter_path_exists_and_its_bounds_hold_the_shipped_values() ->
         value = parameter_value(m, p.path)
         assert p.low <= value <= p.high, p.path
         assert parameter_value(with_values(m, {p.path: p.high}), p.path) == p.high
+
+
+def test_the_loss_of_bandwidth_with_scale_is_fitted_from_multi_node_runs() -> None:
+    """Runs on 2 to 64 nodes made with a known scale exponent: the fit finds it."""
+    base = with_values(theory_machine(), TRUE_VALUES)
+    plans = [p for p in small_plans(worlds=(8, 32, 128, 256), micro_batches=(1,), recompute=(False,),
+                                    global_batch=256) if p.layout.gdata >= 8]
+    truth = with_values(base, {"inter_node.scale_exponent": 0.3})
+    runs = synthetic_runs(plans, truth)
+    start = with_values(base, {"inter_node.scale_exponent": 0.05})
+    result = calibrate(runs, start, parameters=["inter_node.scale_exponent"], holdout=0.0)
+    assert result.fitted[0].after == pytest.approx(0.3, rel=1e-2)

@@ -11,6 +11,10 @@ With ``N`` devices per node (``docs/algorithm.md`` §3; Plexus ``comm_model.py``
   node's NICs, so each gets ``injection · efficiency / min(stride, N)``; the members on
   one node (``N // stride`` of them when stride < N) also need their intra-node links.
   Groups spanning more nodes than a dragonfly group keep ``global_bandwidth_fraction``.
+  Collective libraries also lose bandwidth as a group spans more nodes (NCCL all-reduce on
+  Polaris: 36.6 GB/s busbw on 2 nodes, 30.9 on 256, 29.1 on 540, ALCF's measurements): a
+  crossing group spanning ``N`` nodes keeps ``(N / N_ref)^(−scale_exponent)`` of its
+  bandwidth, the measured table's included (its rows were taken at ``N_ref`` nodes).
 
 A row of the machine's measured table that matches (stride, size) overrides the theory.
 Placement depends only on (stride, size), so it is computed once per distinct pair and
@@ -60,7 +64,13 @@ def _place(machine: Machine, stride: int, size: int) -> GroupPlacement:
     measured = _measured(machine, stride, size)
     if measured is None:
         return theory
+    if theory.crosses_nodes:
+        measured *= machine.inter_node.scale_factor(_nodes_spanned(machine, stride, size))
     return GroupPlacement(measured, theory.latency_us, theory.crosses_nodes, f"{theory.link} (measured)")
+
+
+def _nodes_spanned(machine: Machine, stride: int, size: int) -> int:
+    return math.ceil(stride * size / machine.devices_per_node) if stride < machine.devices_per_node else size
 
 
 def place_groups(
@@ -90,9 +100,9 @@ def _inside_node(machine: Machine, stride: int, size: int) -> GroupPlacement:
 def _across_nodes(machine: Machine, stride: int, size: int) -> GroupPlacement:
     n, inter = machine.devices_per_node, machine.inter_node
     sharing = min(stride, n)
-    bw = inter.injection_gbs * inter.efficiency / sharing
-    nodes = math.ceil(stride * size / n)
-    if inter.nodes_per_group is not None and nodes > inter.nodes_per_group:
+    nodes = _nodes_spanned(machine, stride, size)
+    bw = inter.injection_gbs * inter.efficiency / sharing * inter.scale_factor(nodes)
+    if inter.nodes_per_group is not None and math.ceil(stride * size / n) > inter.nodes_per_group:
         bw *= inter.global_bandwidth_fraction
     link = "network"
     local = min(size, n // stride) if stride < n else 1

@@ -57,6 +57,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("intra_node.latency_us", 0.01, 1e5, "collective step latency inside a node, µs"),
     Parameter("inter_node.efficiency", 0.005, 1.0, "fraction of injection bandwidth across nodes"),
     Parameter("inter_node.latency_us", 0.01, 1e5, "collective step latency across nodes, µs"),
+    Parameter("inter_node.scale_exponent", 1e-4, 1.0, "bandwidth loss with nodes spanned: (N/N_ref)^-x"),
     Parameter("host.op_us", 0.01, 1e4, "host time per framework op, µs (binds where the host is slower)", floor=True),
 )
 """What `calibrate` may fit; each bound keeps the machine schema valid."""
