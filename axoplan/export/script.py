@@ -12,6 +12,7 @@ import shutil
 import subprocess
 
 from axoplan.axes import AXIS_DEFS
+from axoplan.budget import describe_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.job import (
     ENV_PREFIX,
@@ -27,8 +28,8 @@ from axoplan.plan import LaunchConfig
 from axoplan.queues import QueueChoice, choose_queue
 from axoplan.staging import margin_minutes, staged
 
-__all__ = ["render_job_script", "job_values", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD", "SCRIPT_NAME",
-           "PLAN_NAME"]
+__all__ = ["render_job_script", "job_values", "time_warning", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD",
+           "SCRIPT_NAME", "PLAN_NAME"]
 
 SCRIPT_NAME = "job.sh"
 PLAN_NAME = "plan.json"
@@ -56,6 +57,9 @@ def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name
     choice = queue_choice(plan, machine, settings)
     if choice is not None:
         wall = choice.walltime_s
+    if settings.walltime_override_s is not None:
+        wall = settings.walltime_override_s
+    if choice is not None:
         for key in ("partition", "qos"):
             if getattr(settings.site, key) is None and getattr(choice.queue, key) is not None:
                 site[key] = getattr(choice.queue, key)
@@ -72,6 +76,17 @@ def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) ->
     nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
     return choose_queue(launcher.queues, nodes, plan.prediction.t_step_s, settings.iterations,
                         job_margin(machine, nodes, settings))
+
+
+def time_warning(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> str | None:
+    """One line when --time asks for more than the chosen queue allows (None otherwise)."""
+    choice = queue_choice(plan, machine, settings)
+    asked = settings.walltime_override_s
+    if choice is None or asked is None or asked <= choice.queue.max_walltime_minutes * 60:
+        return None
+    return (f"--time {format_walltime(asked)} exceeds queue {choice.queue.name}'s limit of "
+            f"{format_walltime(choice.queue.max_walltime_minutes * 60)} {choice.queue.source}; the scheduler "
+            f"will refuse or cap the job")
 
 
 def job_margin(machine: Machine, nodes: int, settings: JobSettings) -> float:
@@ -128,6 +143,8 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
     opts = ["recompute" if plan.recompute else "no recompute"]
     if plan.cache_weights and lay.gz > 1:
         opts.append("cached weights")
+    predicted = (f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} "
+                 f"iterations + {_margin(plan, machine, settings, values):g} min margin")
     lines = [
         f"# axoplan export, rank {rank}: {plan.model.name} on {plan.world_size} x {machine.device.name} "
         f"({machine.name}), {values['nodes']} nodes",
@@ -135,8 +152,9 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
         f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
-        f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} iterations + "
-        f"{_margin(plan, machine, settings, values):g} min margin = wall time {values['walltime']}",
+        f"{predicted} = wall time {values['walltime']}" if settings.walltime_override_s is None
+        else f"{predicted}; wall time {values['walltime']} from --time",
+        *([f"# {describe_cost(plan.training)}"] if plan.training is not None else []),
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
     if require_launcher(machine).scheduler == "slurm":
