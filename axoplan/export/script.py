@@ -226,7 +226,8 @@ def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: La
 
     Job k (1-based, from AXOPLAN_JOB_INDEX) submits job k+1 with ``sbatch --dependency=afterok`` before it
     launches, so the next starts only if this one succeeds; AXOPLAN_RESUME=1 tells the payload to resume
-    from its last checkpoint (every job but the first).
+    from its last checkpoint (every job but the first), and AXOPLAN_SAVE_CHECKPOINT=1 makes the executor
+    write one at the end of every job.
     """
     if choice is None or choice.jobs == 1 or launcher.scheduler != "slurm":
         return []
@@ -240,6 +241,7 @@ def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: La
         f"export {p}TOTAL_ITERATIONS={settings.iterations}",
         f"export {p}ITERATIONS=$(( {p}JOB_INDEX < {p}JOBS ? {per} : {last} ))",
         f"export {p}RESUME=$(( {p}JOB_INDEX > 1 ? 1 : 0 ))",
+        f"export {p}SAVE_CHECKPOINT=1  # axoplan run writes checkpoint/ beside the plan; the next job resumes from it",
         f"if (( {p}JOB_INDEX < {p}JOBS )); then",
         f'{_INDENT}sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,{p}JOB_INDEX=$(( {p}JOB_INDEX + 1 )) '
         f'"${{SLURM_SUBMIT_DIR:-$PWD}}/{SCRIPT_NAME}"',
