@@ -149,6 +149,9 @@ GOLDEN_CASES = {
     # 30,000 x 7.25 s = 60.4 h > Perlmutter's regular 48 h -> chained
     "frontier-chained": ("frontier", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=20_000)),
     "perlmutter-chained": ("perlmutter", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=30_000)),
+    # 2,048 GPUs = 512 nodes >= Perlmutter's staging threshold (256): the env is sbcast to /tmp
+    "perlmutter-staged": ("perlmutter", "80B", Layout(4, 1, 64, 8), 1, 3.5, JobSettings(
+        site=SiteSettings(account="m1234_g", python_env="envs/torch"))),
 }
 
 

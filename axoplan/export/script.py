@@ -124,7 +124,7 @@ def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSetting
         ["set -eo pipefail"],
         [f"module load {fill(m, values)}" for m in launcher.modules],
         _exports(launcher.env, values),
-        [fill(line, values) for line in launcher.setup],
+        _setup(launcher, values),
         _staging_setup(launcher, values),
         _plan_block(plan, settings),
         _chain_block(queue_choice(plan, machine, settings), settings, launcher),
@@ -211,6 +211,14 @@ def _staging_header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]
     if launcher.staging is None or not staged(launcher.staging, int(values["nodes"])):
         return []
     return [f"#SBATCH {fill(line, values)}" for line in launcher.staging.header]
+
+
+def _setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+    """The launcher's setup lines, unless a staged job's staging block replaces them."""
+    spec = launcher.staging
+    if spec is not None and spec.replace_setup and staged(spec, int(values["nodes"])):
+        return []
+    return [fill(line, values) for line in launcher.setup]
 
 
 def _staging_setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
