@@ -18,9 +18,14 @@ _NO_ENV = {"AXOPLAN_RESUME": "0", "AXOPLAN_SAVE_CHECKPOINT": "0"}
 
 
 def _run(plan: Path, iterations: int, folder: Path, resume: bool = False) -> None:
-    done = run_cli("run", str(plan), "--local", "2", "--warmup", "0", "--iterations", str(iterations),
-                   "--save-checkpoint", "--checkpoint-dir", str(folder), "--timeout", "30",
-                   env={**_NO_ENV, "AXOPLAN_RESUME": "1" if resume else "0"})
+    """A run with flags; a resumed one with the variables a chained job script exports instead."""
+    if resume:
+        done = run_cli("run", str(plan), "--local", "2", "--warmup", "0", "--timeout", "30",
+                       env={"AXOPLAN_RESUME": "1", "AXOPLAN_SAVE_CHECKPOINT": "1",
+                            "AXOPLAN_ITERATIONS": str(iterations), "AXOPLAN_CHECKPOINT_DIR": str(folder)})
+    else:
+        done = run_cli("run", str(plan), "--local", "2", "--warmup", "0", "--iterations", str(iterations),
+                       "--save-checkpoint", "--checkpoint-dir", str(folder), "--timeout", "30", env=_NO_ENV)
     assert done.returncode == 0, done.stderr
     assert ("resumed from the checkpoint of step" in done.stderr) == resume
 
@@ -77,3 +82,12 @@ def test_resume_refuses_another_plans_checkpoint(tmp_path: Path) -> None:
     plan.write_text(tiny_plan(Layout(1, 1, 2, 1)).to_json())
     done = run_cli("run", str(plan), "--local", "2", env={**_NO_ENV, "AXOPLAN_RESUME": "1"})
     assert_user_error(done, "is of plan 0123456789ab on 2 ranks")
+
+
+def test_save_into_a_file_is_refused_before_start(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(tiny_plan(Layout(1, 1, 2, 1)).to_json())
+    (tmp_path / "afile").write_text("")
+    done = run_cli("run", str(plan), "--local", "2", "--save-checkpoint", "--checkpoint-dir", str(tmp_path / "afile"),
+                   env=_NO_ENV)
+    assert_user_error(done, "is a file, not a folder")

@@ -117,6 +117,8 @@ def run(
     folder = checkpoint_dir if checkpoint_dir is not None else checkpoint.checkpoint_dir(plan)
     if resume:
         checkpoint.check_resumable(folder, config.plan_id, config.world_size)
+    if save_checkpoint:
+        checkpoint.check_savable(folder)
     settings = make_settings(iterations=iterations, warmup=warmup, timeout_s=timeout, device=device.value,
                              dtype=dtype.value, init=init.value, engine=engine.value, fault=fault, progress=True,
                              checkpoint_dir=str(folder.resolve()), save_checkpoint=save_checkpoint, resume=resume)

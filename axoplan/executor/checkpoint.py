@@ -28,7 +28,7 @@ from pydantic import NonNegativeInt, PositiveInt, ValidationError
 from axoplan.errors import AxoplanError
 from axoplan.schema import Frozen
 
-__all__ = ["Manifest", "checkpoint_dir", "check_resumable", "rank_file", "save", "load", "MANIFEST"]
+__all__ = ["Manifest", "checkpoint_dir", "check_resumable", "check_savable", "rank_file", "save", "load", "MANIFEST"]
 
 MANIFEST = "checkpoint.json"
 
@@ -69,6 +69,16 @@ def check_resumable(folder: Path, plan_id: str, world_size: int) -> Manifest:
         raise AxoplanError(f"the checkpoint at {folder} lacks rank {missing[0]}'s file "
                            f"{rank_file(folder, missing[0]).name}")
     return manifest
+
+
+def check_savable(folder: Path) -> None:
+    """Refuse, before any rank starts, a checkpoint folder that is a file or cannot be created or written."""
+    if folder.exists() and not folder.is_dir():
+        raise AxoplanError(f"--checkpoint-dir {folder} is a file, not a folder")
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise AxoplanError(f"cannot write the checkpoint into {folder} ({existing} is not writable); pass "
+                           f"--checkpoint-dir DIR in a writable place")
 
 
 def save(folder: Path, rank: int, plan_id: str, world_size: int, model: Any, optimizer: Any, loss: float) -> None:
