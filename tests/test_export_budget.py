@@ -96,3 +96,18 @@ def test_parse_walltime_refuses(text: str) -> None:
 def test_export_bad_budget_flags_are_one_line(tmp_path: Path, args: tuple[str, str], needle: str) -> None:
     assert_user_error(cli(*_BASE, "-o", str(tmp_path / "ex"), *args), needle)
     assert not (tmp_path / "ex").exists()
+
+
+def test_export_tokens_from_a_saved_ranking(tmp_path: Path) -> None:
+    saved = tmp_path / "r.json"
+    r = cli("rank", "--model", "5B", "--gpus", "16", "--machine", "perlmutter", "--global-batch", "64",
+            "--seq-len", "1024", "--out", str(saved))
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "ex"
+    r = cli("export", "--ranking", str(saved), "-n", "1", "-o", str(out), "--tokens", "1M")
+    assert r.returncode == 0, r.stderr
+    (folder,) = out.iterdir()
+    plan = LaunchConfig.load(folder / "plan.json")
+    # the saved ranking's batch: 1e6 / (64 x 1024 = 65,536) = 15.26 -> 16 steps, on 16 / 4 = 4 nodes
+    assert plan.training is not None and (plan.training.steps, plan.training.nodes) == (16, 4)
+    assert "export AXOPLAN_ITERATIONS=16" in (folder / "job.sh").read_text()
