@@ -63,8 +63,11 @@ def test_export_without_tokens_records_no_cost(tmp_path: Path) -> None:
 
 
 def test_export_time_overrides_the_queue_wall_time(tmp_path: Path) -> None:
-    # 2,000 iterations on 8 nodes: chained in extended (24 h); --time 3:30:00 replaces the 24 h ask, no warning
-    script, _, out = _export(tmp_path, "--iterations", "2000", "--time", "3:30:00")
+    # 100 iterations on 8 nodes need over 2 h (batch-small's limit), so extended (24 h) is chosen; --time 3:30:00
+    # replaces the predicted wall time, within the limit and above the need: no warning
+    script, plan, out = _export(tmp_path, "--time", "3:30:00")
+    needed_s = 100 * plan.prediction.t_step_s + 600  # type: ignore[union-attr]
+    assert 7200 < needed_s < 3.5 * 3600
     head = parse_sbatch(script)
     assert head["time"] == "03:30:00" and head["partition"] == "extended"
     assert "wall time 03:30:00 from --time" in script
@@ -77,6 +80,18 @@ def test_export_time_over_the_queue_limit_warns_once(tmp_path: Path) -> None:
     warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
     assert warnings == [ln for ln in warnings if "exceeds queue extended's limit of 24:00:00" in ln]
     assert len(warnings) == 1
+
+
+def test_export_time_under_the_prediction_warns_once(tmp_path: Path) -> None:
+    script, plan, out = _export(tmp_path, "--time", "0:10:00")
+    t = plan.prediction.t_step_s  # type: ignore[union-attr]
+    # 100 iterations x t + 10 min margin, whole minutes: far more than the 10 minutes asked
+    needed_min = math.ceil((100 * t + 600) / 60)
+    assert parse_sbatch(script)["time"] == "00:10:00"
+    warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"warning: --time 00:10:00 is under the predicted {needed_min // 60:02d}:"
+                                  f"{needed_min % 60:02d}:00 a job needs (100 iterations + margin)")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 5400), ("90:30", 5430), ("2:00:00", 7200),

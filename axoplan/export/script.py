@@ -79,14 +79,22 @@ def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) ->
 
 
 def time_warning(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> str | None:
-    """One line when --time asks for more than the chosen queue allows (None otherwise)."""
-    choice = queue_choice(plan, machine, settings)
+    """One line when --time asks for more than the chosen queue allows, or less than the job's predicted need."""
     asked = settings.walltime_override_s
-    if choice is None or asked is None or asked <= choice.queue.max_walltime_minutes * 60:
+    if asked is None or plan.prediction is None:
         return None
-    return (f"--time {format_walltime(asked)} exceeds queue {choice.queue.name}'s limit of "
-            f"{format_walltime(choice.queue.max_walltime_minutes * 60)} {choice.queue.source}; the scheduler "
-            f"will refuse or cap the job")
+    choice = queue_choice(plan, machine, settings)
+    if choice is not None and asked > choice.queue.max_walltime_minutes * 60:
+        return (f"--time {format_walltime(asked)} exceeds queue {choice.queue.name}'s limit of "
+                f"{format_walltime(choice.queue.max_walltime_minutes * 60)} {choice.queue.source}; the scheduler "
+                f"will refuse or cap the job")
+    nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
+    needed = choice.walltime_s if choice is not None else walltime_s(
+        plan.prediction.t_step_s, settings.iterations, job_margin(machine, nodes, settings))
+    if asked < needed:
+        return (f"--time {format_walltime(asked)} is under the predicted {format_walltime(needed)} a job needs "
+                f"({_job_iterations(plan, machine, settings)} iterations + margin); it may be stopped before it ends")
+    return None
 
 
 def job_margin(machine: Machine, nodes: int, settings: JobSettings) -> float:
