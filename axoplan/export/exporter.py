@@ -22,7 +22,8 @@ from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, job_values, render_job
 from axoplan.plan import LaunchConfig, plan_from_ranking
 from axoplan.ranking import Ranking
 
-__all__ = ["ExportedPlan", "folder_label", "prepare_exports", "write_exports", "top_indices", "summary"]
+__all__ = ["ExportedPlan", "folder_label", "prepare_exports", "with_training", "write_exports", "top_indices",
+           "summary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +74,21 @@ def folder_label(plan: LaunchConfig) -> str:
 def _checked_plan(source: Any, i: int, machine_ref: str, tokens: int | None) -> LaunchConfig:
     """The launch config of row i (with the cost of `tokens` tokens), refused unless it reads back unchanged."""
     plan = plan_from_ranking(source, i, machine_ref)
-    if tokens is not None and plan.prediction is not None:
-        cost = run_cost(tokens, plan.options.global_batch, plan.options.seq_len, plan.prediction.t_step_s,
-                        plan.world_size, plan.devices_per_node)
-        plan = plan.model_copy(update={"training": cost.record()})
+    if tokens is not None:
+        plan = with_training(plan, tokens)
     if LaunchConfig.from_json(plan.to_json(), "exported plan") != plan:
         raise AxoplanError(f"launch config {plan.plan_id} does not read back unchanged (a non-finite prediction?); "
                            f"not exporting it")
     return plan
+
+
+def with_training(plan: LaunchConfig, tokens: int) -> LaunchConfig:
+    """`plan` recording what training `tokens` tokens costs at its predicted step time (axoplan.budget)."""
+    if plan.prediction is None:
+        return plan
+    cost = run_cost(tokens, plan.options.global_batch, plan.options.seq_len, plan.prediction.t_step_s,
+                    plan.world_size, plan.devices_per_node)
+    return plan.model_copy(update={"training": cost.record()})
 
 
 def write_exports(exports: list[ExportedPlan], out_dir: Path, force: bool) -> list[Path]:
