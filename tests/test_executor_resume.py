@@ -14,14 +14,14 @@ from tests.test_export import assert_user_error
 
 pytestmark = pytest.mark.distributed
 
-_NO_ENV = {"AXOPLAN_RESUME": "0", "AXOPLAN_SAVE_CHECKPOINT": "0"}
+_NO_ENV = {"AXOPLAN_RESUME": "0", "AXOPLAN_SAVE_CHECKPOINT": "0", "AXOPLAN_WARMUP": "0"}
 
 
 def _run(plan: Path, iterations: int, folder: Path, resume: bool = False) -> None:
     """A run with flags; a resumed one with the variables a chained job script exports instead."""
     if resume:
-        done = run_cli("run", str(plan), "--local", "2", "--warmup", "0", "--timeout", "30",
-                       env={"AXOPLAN_RESUME": "1", "AXOPLAN_SAVE_CHECKPOINT": "1",
+        done = run_cli("run", str(plan), "--local", "2", "--timeout", "30",
+                       env={"AXOPLAN_RESUME": "1", "AXOPLAN_SAVE_CHECKPOINT": "1", "AXOPLAN_WARMUP": "0",
                             "AXOPLAN_ITERATIONS": str(iterations), "AXOPLAN_CHECKPOINT_DIR": str(folder)})
     else:
         done = run_cli("run", str(plan), "--local", "2", "--warmup", "0", "--iterations", str(iterations),

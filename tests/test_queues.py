@@ -72,6 +72,7 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
     assert "#SBATCH -p extended" in text and "#SBATCH -t 24:00:00" in text
     assert "sbatch --dependency=afterok:" in text
     assert "export AXOPLAN_SAVE_CHECKPOINT=1" in text  # the executor writes the checkpoint the next job resumes from
+    assert "export AXOPLAN_WARMUP=0" in text  # so the executor's steps add up to the 2,000 asked
     # run it under stand-ins: the first job submits job 2 and launches with 538 of 2000 iterations, no resume
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -50,7 +50,9 @@ def run(
     iterations: Annotated[int, typer.Option(
         "--iterations", min=1, envvar="AXOPLAN_ITERATIONS",
         help="Timed iterations (an exported job script sets AXOPLAN_ITERATIONS).")] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    warmup: Annotated[int, typer.Option(
+        "--warmup", min=0, envvar="AXOPLAN_WARMUP",
+        help="Untimed iterations first (they train too; a chained job script sets AXOPLAN_WARMUP=0).")] = 2,
     layers: Annotated[int | None, typer.Option(
         "--layers", min=1, help="Scale down: number of layers.", show_default=False)] = None,
     hidden: Annotated[int | None, typer.Option(

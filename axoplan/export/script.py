@@ -258,6 +258,7 @@ def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: La
         f"export {p}ITERATIONS=$(( {p}JOB_INDEX < {p}JOBS ? {per} : {last} ))",
         f"export {p}RESUME=$(( {p}JOB_INDEX > 1 ? 1 : 0 ))",
         f"export {p}SAVE_CHECKPOINT=1  # axoplan run writes checkpoint/ beside the plan; the next job resumes from it",
+        f"export {p}WARMUP=0  # axoplan run: every step counts toward {p}TOTAL_ITERATIONS",
         f"if (( {p}JOB_INDEX < {p}JOBS )); then",
         f'{_INDENT}sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,{p}JOB_INDEX=$(( {p}JOB_INDEX + 1 )) '
         f'"${{SLURM_SUBMIT_DIR:-$PWD}}/{SCRIPT_NAME}"',
