@@ -19,13 +19,13 @@ import math
 import re
 from typing import Any
 
-from pydantic import NonNegativeFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from axoplan.errors import AxoplanError
 from axoplan.schema import Frozen
 
-__all__ = ["parse_tokens", "RunCost", "run_cost", "format_tokens", "check_max_nodes", "within_node_hours",
-           "budget_checks", "cost_line", "rows_within_node_hours"]
+__all__ = ["parse_tokens", "RunCost", "TrainingCost", "run_cost", "steps_for", "format_tokens", "check_max_nodes",
+           "within_node_hours", "budget_checks", "cost_line", "describe_cost", "rows_within_node_hours"]
 
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _TOKENS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*$", re.IGNORECASE)
@@ -73,11 +73,33 @@ class RunCost(Frozen):
     def gpu_hours(self) -> float:
         return self.gpus * self.seconds / _S_PER_HOUR
 
+    def record(self) -> TrainingCost:
+        """The figures written into an exported launch config."""
+        return TrainingCost(tokens=self.tokens, steps=self.steps, nodes=self.nodes, seconds=self.seconds,
+                            days=self.days, node_hours=self.node_hours, gpu_hours=self.gpu_hours)
+
+
+class TrainingCost(Frozen):
+    """What a launch config records about training `tokens` tokens with its layout (from :class:`RunCost`)."""
+
+    tokens: PositiveInt
+    steps: PositiveInt = Field(description="Optimizer steps: ceil(tokens / (global batch x sequence length)).")
+    nodes: PositiveInt
+    seconds: NonNegativeFloat = Field(description="steps x predicted seconds per step (no start-up margin).")
+    days: NonNegativeFloat
+    node_hours: NonNegativeFloat
+    gpu_hours: NonNegativeFloat
+
+
+def steps_for(tokens: int, global_batch: int, seq_len: int) -> int:
+    """Optimizer steps that consume `tokens` tokens: ceil(tokens / (global batch x sequence length))."""
+    return math.ceil(tokens / (global_batch * seq_len))
+
 
 def run_cost(tokens: int, global_batch: int, seq_len: int, step_time_s: float, gpus: int,
              devices_per_node: int) -> RunCost:
     """Days, node-hours and GPU-hours of `tokens` tokens at `step_time_s` seconds per step."""
-    steps = math.ceil(tokens / (global_batch * seq_len))
+    steps = steps_for(tokens, global_batch, seq_len)
     nodes = math.ceil(gpus / devices_per_node)
     return RunCost(tokens=tokens, steps=steps, nodes=nodes, gpus=gpus, seconds=steps * step_time_s)
 
@@ -118,6 +140,11 @@ def cost_line(result: Any, index: int, tokens: int) -> str:
     """One line: what training `tokens` tokens with candidate `index` of a ranking costs."""
     c = run_cost(tokens, result.options.global_batch, result.options.seq_len,
                  float(result.column("t_step_s")[index]), result.world_size, result.machine.devices_per_node)
+    return describe_cost(c)
+
+
+def describe_cost(c: RunCost | TrainingCost) -> str:
+    """``time to train 300B tokens: 71,526 steps, 8.3 days on 4096 nodes = 816,123 node-hours (...)``."""
     return (f"time to train {format_tokens(c.tokens)} tokens: {c.steps:,} steps, {c.days:.1f} days on {c.nodes} "
             f"nodes = {c.node_hours:,.0f} node-hours ({c.gpu_hours:,.0f} GPU-hours)")
 

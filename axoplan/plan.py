@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from axoplan.axes import AXIS_DEFS, FIELDS
+from axoplan.budget import TrainingCost
 from axoplan.errors import AxoplanError
 from axoplan.layout import Layout
 from axoplan.model import ModelSpec
@@ -82,6 +83,8 @@ class LaunchConfig(Frozen):
     nodes: PositiveInt
     prediction: PredictedStep | None = None
     axonn_init: dict[str, int]
+    training: TrainingCost | None = Field(
+        None, description="Time to train `export --tokens` tokens with this layout (days, node-hours, GPU-hours).")
 
     @model_validator(mode="after")
     def _consistent(self) -> LaunchConfig:

@@ -75,7 +75,8 @@ def choose_queue(queues: tuple[QueueLimit, ...], nodes: int, t_step_s: float, it
         per_job -= 1  # the whole-minute rounding of the wall time
     if per_job < 1:
         raise AxoplanError(f"one iteration ({t_step_s:.0f} s) plus the {margin_minutes:g} min margin does not fit "
-                           f"queue {longest.name!r} ({longest.max_walltime_minutes} min); use more GPUs or --time")
+                           f"queue {longest.name!r} ({longest.max_walltime_minutes} min); use more GPUs or a smaller "
+                           f"--margin-minutes")
     per_job = min(per_job, iterations)
     jobs = math.ceil(iterations / per_job)
     return QueueChoice(queue=longest, jobs=jobs, iterations_per_job=per_job,

@@ -24,6 +24,8 @@ class StagingSpec(Frozen):
     min_nodes: PositiveInt = Field(description="Stage when the job has at least this many nodes.")
     header: tuple[str, ...] = Field((), description="Extra scheduler directives when staged, e.g. '-C nvme'.")
     setup: tuple[str, ...] = Field(description="Shell lines run once before the launch (placeholders allowed).")
+    replace_setup: bool = Field(False, description="When staged, run these lines instead of the launcher's own "
+                                                   "setup (e.g. activate only the staged copy of the env).")
     margin_minutes_per_1000_nodes: NonNegativeFloat = Field(
         0.0, description="Start-up minutes added per 1,000 nodes when staged (broadcast and unpack time).")
     source: str = Field(description="Where the centre documents the method.")

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from axoplan.errors import AxoplanError
 from axoplan.export import JobSettings, SiteSettings, payload_env, render_job_script
 from axoplan.export import files as export_files
+from axoplan.export.exporter import with_training
 from axoplan.export.files import NewFile, write_all_or_nothing
 from axoplan.export.job import format_walltime, node_counts, walltime_s
 from axoplan.launcher import LauncherSpec
@@ -149,6 +150,12 @@ GOLDEN_CASES = {
     # 30,000 x 7.25 s = 60.4 h > Perlmutter's regular 48 h -> chained
     "frontier-chained": ("frontier", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=20_000)),
     "perlmutter-chained": ("perlmutter", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=30_000)),
+    # export --tokens 300B: 71,526 iterations (the steps), chained, the cost in the header
+    "frontier-tokens": ("frontier", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=71_526,
+                                                                                   tokens=300 * 10**9)),
+    # 2,048 GPUs = 512 nodes >= Perlmutter's staging threshold (256): the env is sbcast to /tmp
+    "perlmutter-staged": ("perlmutter", "80B", Layout(4, 1, 64, 8), 1, 3.5, JobSettings(
+        site=SiteSettings(account="m1234_g", python_env="envs/torch"))),
 }
 
 
@@ -156,6 +163,8 @@ GOLDEN_CASES = {
 def test_golden_job_script(name: str):
     machine, model, layout, mbs, t_step, settings = GOLDEN_CASES[name]
     plan = fixed_plan(machine, model, layout, mbs, t_step)
+    if settings.tokens is not None:
+        plan = with_training(plan, settings.tokens)
     folder = f"01-x{layout.gx}-y{layout.gy}-z{layout.gz}-d{layout.gdata}"
     script = render_job_script(plan, load_machine(machine), settings, folder, 1)
     path = GOLDEN / f"{name}.sh"
@@ -187,6 +196,17 @@ def test_golden_frontier_numbers_by_hand():
     # 2048 sequences / (Gdata 2 x Gz 512 x micro-batch 1) = 2 accumulation steps
     assert "export AXOPLAN_GRAD_ACCUM_STEPS=2" in script
     assert "export AXOPLAN_G_INTRA_C=4" in script and "export AXOPLAN_G_INTRA_D=512" in script
+
+
+def test_golden_frontier_tokens_by_hand():
+    """300B tokens / (2048 x 2048) = 71,525.57 -> 71,526 steps at 7.25 s = 518,563.5 s = 6.0019 days; 4x1x8x8 =
+    256 GCDs = 32 nodes -> 32 x 518,563.5 / 3,600 = 4,609.5 node-hours, 256 x ... = 36,875.6 GPU-hours. 32 nodes:
+    extended (24 h) is the longest queue; floor((86,400 - 600) / 7.25) = 11,834 per job, ceil(71,526 / 11,834) = 7."""
+    script = (GOLDEN / "frontier-tokens.sh").read_text()
+    assert "# time to train 300B tokens: 71,526 steps, 6.0 days on 32 nodes = 4,609 node-hours (36,876 GPU-hours)" \
+        in script
+    assert "# chained run: 71526 iterations in 7 jobs of at most 11834 iterations, queue extended" in script
+    assert parse_sbatch(script)["time"] == "24:00:00"
 
 
 # ----------------------------------------------------------------------------- conventions per centre

@@ -9,11 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from axoplan.machine import load_machine
+from axoplan.export import JobSettings, render_job_script
+from axoplan.export.script import queue_choice
+from axoplan.layout import Layout
+from axoplan.machine import load_machine, shipped_machines
+from axoplan.model import PRESETS
+from axoplan.options import RunOptions
+from axoplan.plan import LaunchConfig, PredictedStep
 from axoplan.queues import QueueLimit, choose_queue
 from tests.conftest import run_cli
+from tests.test_export import parse_sbatch
 
-_QUEUED = ("frontier", "perlmutter", "perlmutter-80gb")
+# every shipped machine whose launcher lists queues (at least the three that did when this was written)
+_QUEUED = tuple(m for m in shipped_machines() if (launcher := load_machine(m).launcher) and launcher.queues)
+assert {"frontier", "perlmutter", "perlmutter-80gb"} <= set(_QUEUED)
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,6 +72,8 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
     text = script.read_text()
     assert "#SBATCH -p extended" in text and "#SBATCH -t 24:00:00" in text
     assert "sbatch --dependency=afterok:" in text
+    assert "export AXOPLAN_SAVE_CHECKPOINT=1" in text  # the executor writes the checkpoint the next job resumes from
+    assert "export AXOPLAN_WARMUP=0" in text  # so the executor's steps add up to the 2,000 asked
     # one job holds what fits in 24 h less the margin at the predicted step time (both in the header)
     head = re.search(r"predicted ([0-9.]+) s/iteration x (\d+) iterations \+ ([0-9.]+) min margin", text)
     assert head is not None
@@ -102,3 +113,41 @@ def test_export_warns_when_no_queue_holds_the_job(tmp_path) -> None:  # type: ig
                   "-o", str(tmp_path / "ex"))
     assert res.returncode == 0, res.stderr
     assert "warning: no queue of perlmutter holds 2048 nodes" in res.stderr
+
+
+def _plan(machine: str, nodes: int, t_step_s: float) -> LaunchConfig:
+    """A data-parallel plan on `nodes` whole nodes with a hand-set step time (no cost model)."""
+    m = load_machine(machine)
+    gpus = nodes * m.devices_per_node
+    pred = PredictedStep(t_step_s=t_step_s, t_compute_s=t_step_s, t_comm_exposed_s=0.0, mem_total_bytes=1e9,
+                         tflops_per_gpu=1.0, pct_peak=1.0)
+    return LaunchConfig.build(machine=machine, devices_per_node=m.devices_per_node, model=PRESETS["5B"],
+                              options=RunOptions(global_batch=gpus), layout=Layout(1, 1, 1, gpus), micro_batch=1,
+                              recompute=False, cache_weights=False, prediction=pred)
+
+
+def _seconds(hms: str) -> int:
+    h, m, s = (int(v) for v in hms.split(":"))
+    return 3600 * h + 60 * m + s
+
+
+@pytest.mark.parametrize("machine", _QUEUED)
+def test_no_exported_script_asks_more_than_its_queue(machine: str) -> None:
+    """The rendered job script's `-t` and partition/QOS, at each queue's node bounds, short to very long runs."""
+    mach = load_machine(machine)
+    queues = mach.launcher.queues  # type: ignore[union-attr]
+    counts = sorted({n for q in queues for n in (q.min_nodes, (q.min_nodes + q.max_nodes) // 2, q.max_nodes)})
+    checked = 0
+    for nodes in counts:
+        for t_step_s in (0.5, 30.0):
+            for iterations in (1, 100, 10_000, 1_000_000):
+                plan, settings = _plan(machine, nodes, t_step_s), JobSettings(iterations=iterations)
+                choice = queue_choice(plan, mach, settings)
+                assert choice is not None  # every node count here is in some queue's range
+                head = parse_sbatch(render_job_script(plan, mach, settings, "01-x", 1))
+                assert _seconds(head["time"]) <= choice.queue.max_walltime_minutes * 60, (nodes, iterations)
+                for key in ("partition", "qos"):
+                    if getattr(choice.queue, key) is not None:
+                        assert head[key] == getattr(choice.queue, key)
+                checked += 1
+    assert checked == len(counts) * 8

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from axoplan.commands.options import MODEL_FLAGS, RUN_FLAGS, ModelFlags, shared_options
+from axoplan.commands.options import MODEL_FLAGS, RUN_FLAGS, ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
     from axoplan.options import RunOptions
@@ -52,8 +52,13 @@ def export(
     container: Annotated[str | None, typer.Option(
         "--container", envvar="AXOPLAN_CONTAINER", help="Container image or environment (Alps: EDF TOML). "
         + _SITE_HELP.format("CONTAINER"), show_default=False)] = None,
-    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Iterations the job runs; wall time = "
-                                            "predicted s/iter x iterations + margin.")] = 100,
+    iterations: Annotated[int | None, typer.Option(
+        "--iterations", min=1, help="Iterations the job runs; wall time = predicted s/iter x iterations + margin. "
+                                    "Default: the steps --tokens needs, else 100.", show_default=False)] = None,
+    tokens: TokensOpt = None,
+    time: Annotated[str | None, typer.Option(
+        "--time", help="Wall time of each job (HH:MM:SS, minutes or D-HH:MM:SS), instead of the predicted one; "
+                       "the queue is still chosen from the prediction.", show_default=False)] = None,
     margin_minutes: Annotated[float, typer.Option("--margin-minutes", min=0, help="Minutes added to the predicted "
                                                   "run time for start-up and safety.")] = 10.0,
     command: Annotated[str | None, typer.Option(
@@ -73,18 +78,24 @@ def export(
     machine YAML's launcher block (Slurm or torchrun). Existing files are never replaced
     without --force, and a failed export writes nothing.
     """
+    from axoplan.budget import parse_tokens
     from axoplan.export import prepare_exports, summary, write_exports
+    from axoplan.export.job import parse_walltime
 
     site = {"account": account, "partition": partition, "qos": qos, "python_env": python_env,
             "container": container}
-    settings = _settings(iterations=iterations, margin_minutes=margin_minutes, command=command,
-                         allow_partial_nodes=allow_partial_nodes, site=site)
+    n_tokens = parse_tokens(tokens) if tokens is not None else None
+    settings = _settings(iterations=iterations or 100, margin_minutes=margin_minutes, command=command,
+                         allow_partial_nodes=allow_partial_nodes, site=site, tokens=n_tokens,
+                         walltime_override_s=parse_walltime(time) if time is not None else None)
     if ranking is not None:
         _refuse_ranking_flags(ctx, ranking)
         source, ref = _saved(ranking, machine)
     else:
         ref = machine or "frontier"
         source = _fresh(model_flags, gpus, ref, run_options)
+    if n_tokens is not None and iterations is None:
+        settings = settings.model_copy(update={"iterations": _token_steps(n_tokens, source.options)})
     exports = prepare_exports(source, ref, top, settings)
     write_exports(exports, out_dir, force)
     launcher = source.machine.launcher
@@ -92,14 +103,33 @@ def export(
     typer.echo(f"exported {len(exports)} layout{'s' if len(exports) > 1 else ''} of {source.model.name} on "
                f"{source.world_size} GPUs of {source.machine.name} to {out_dir}\n")
     typer.echo(summary(exports, out_dir, launcher.scheduler))
+    if exports[0].plan.training is not None:
+        from axoplan.budget import describe_cost
+
+        typer.echo(f"rank 1: {describe_cost(exports[0].plan.training)}; each plan.json records its own")
     for note in _notes(launcher, settings, site, len(exports), top):
         typer.echo(f"note: {note}", err=True)
-    from axoplan.export.script import queue_choice
+    _warnings(exports, source.machine, settings)
+
+
+def _token_steps(tokens: int, options: Any) -> int:
+    """Iterations of an export with --tokens and no --iterations: the steps the tokens need."""
+    from axoplan.budget import steps_for
+
+    return steps_for(tokens, options.global_batch, options.seq_len)
+
+
+def _warnings(exports: list[Any], machine: Any, settings: Any) -> None:
+    """A job no queue holds (uncapped wall time); a --time over the chosen queue's limit."""
+    from axoplan.export.script import queue_choice, time_warning
 
     for e in exports:
-        if launcher.queues and queue_choice(e.plan, source.machine, settings) is None:
-            typer.echo(f"warning: no queue of {source.machine.name} holds {e.nodes} nodes ({e.folder}); its wall time "
+        if machine.launcher.queues and queue_choice(e.plan, machine, settings) is None:
+            typer.echo(f"warning: no queue of {machine.name} holds {e.nodes} nodes ({e.folder}); its wall time "
                        f"{e.walltime} is not capped; check the centre's limits", err=True)
+        warning = time_warning(e.plan, machine, settings)
+        if warning is not None:
+            typer.echo(f"warning: {warning} ({e.folder})", err=True)
 
 
 def _settings(**fields: Any) -> Any:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from axoplan.commands.options import ModelFlags, shared_options
+from axoplan.commands.options import ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
     from axoplan.options import RunOptions
@@ -59,28 +59,45 @@ def scaling(
         "--gpus", help="Comma-separated GPU counts (default: one node, then doubling up to 512 nodes).",
         show_default=False)] = None,
     force: ForceOpt = False,
+    tokens: TokensOpt = None,
     *,
     run_options: RunOptions,
 ) -> None:
     """Predicted TFLOP/s per GPU and seconds per iteration against GPU count, for several
-    model sizes, using the best feasible layout at each count."""
+    model sizes, using the best feasible layout at each count. With --tokens, a second row
+    of panels shows days to train and node-hours, so you see where adding GPUs stops paying."""
+    from axoplan.budget import parse_tokens
     from axoplan.machine import load_machine
     from axoplan.model import load_model
-    from axoplan.report import text_table
     from axoplan.validate import plots
 
+    n_tokens = parse_tokens(tokens) if tokens is not None else None
     plots.check_figure_path(output, force)
     mach = load_machine(machine)
     specs = [load_model(name.strip()) for name in models.split(",") if name.strip()]
     counts = _ints(gpus, "--gpus") if gpus else [mach.devices_per_node * 2**k for k in range(10)]
     opts = run_options
     points = plots.scaling_points(mach, specs, counts, opts)
-    plots.save_figure(plots.scaling(points, mach, opts), output, force=force)
-    rows = [[r.model, str(r.gpus), r.layout or "none fits", f"{r.t_step_s:.4g}", f"{r.tflops_per_gpu:.1f}"]
-            for r in points.itertuples()]
-    typer.echo(text_table(["model", "GPUs", "best layout", "s/iter", "TFLOP/s/GPU"], rows,
-                          [False, True, False, True, True]))
+    if n_tokens is not None:
+        points = plots.scaling_costs(points, n_tokens, opts, mach.devices_per_node)
+    plots.save_figure(plots.scaling(points, mach, opts, n_tokens), output, force=force)
+    typer.echo(_scaling_table(points, n_tokens is not None))
+    if n_tokens is not None:
+        typer.echo("\n" + "\n".join(plots.cost_summary(points)))
     typer.echo(f"\nwrote {output}")
+
+
+def _scaling_table(points: Any, costs: bool) -> str:
+    from axoplan.report import text_table
+
+    head = ["model", "GPUs", "best layout", "s/iter", "TFLOP/s/GPU"] + (["days", "node-hours"] if costs else [])
+    rows = []
+    for r in points.itertuples():
+        row = [r.model, str(r.gpus), r.layout or "none fits", f"{r.t_step_s:.4g}", f"{r.tflops_per_gpu:.1f}"]
+        if costs:
+            row += [f"{r.days:.1f}", f"{r.node_hours:,.0f}"]
+        rows.append(row)
+    return text_table(head, rows, [False, True, False, True, True] + [True, True] * costs)
 
 
 @shared_options()

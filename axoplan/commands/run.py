@@ -50,7 +50,9 @@ def run(
     iterations: Annotated[int, typer.Option(
         "--iterations", min=1, envvar="AXOPLAN_ITERATIONS",
         help="Timed iterations (an exported job script sets AXOPLAN_ITERATIONS).")] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    warmup: Annotated[int, typer.Option(
+        "--warmup", min=0, envvar="AXOPLAN_WARMUP",
+        help="Untimed iterations first (they train too; a chained job script sets AXOPLAN_WARMUP=0).")] = 2,
     layers: Annotated[int | None, typer.Option(
         "--layers", min=1, help="Scale down: number of layers.", show_default=False)] = None,
     hidden: Annotated[int | None, typer.Option(
@@ -78,6 +80,17 @@ def run(
     engine: Annotated[_Engine, typer.Option(
         "--engine", help="native: axoplan's 4D layers; axonn: AxoNN 0.2.0's expert-mode linears (GPU, "
                          "`pip install 'axoplan[axonn]'`).")] = _Engine.native,
+    save_checkpoint: Annotated[bool, typer.Option(
+        "--save-checkpoint", envvar="AXOPLAN_SAVE_CHECKPOINT",
+        help="At the end, write each rank's parameters, optimizer state and step count to --checkpoint-dir "
+             "(a chained job script sets AXOPLAN_SAVE_CHECKPOINT=1).")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", envvar="AXOPLAN_RESUME", help="Start from the checkpoint in --checkpoint-dir (a chained job "
+                                                  "script sets AXOPLAN_RESUME=1 in every job but the first).")
+    ] = False,
+    checkpoint_dir: Annotated[Path | None, typer.Option(
+        "--checkpoint-dir", envvar="AXOPLAN_CHECKPOINT_DIR", help="Checkpoint folder (default: checkpoint/ beside "
+                                                                  "the plan).", show_default=False)] = None,
     fault: Annotated[str, typer.Option(
         "--fault", hidden=True, help="Fault drill RANK:raise|exit|kill|hang@ITERATION (docs/executor.md).")] = "",
 ) -> None:
@@ -87,6 +100,7 @@ def run(
     collective kind, waiting on overlapped collectives). Exit status 2 for a bad plan or
     option (nothing started), 1 when a rank fails (every rank is stopped; no record).
     """
+    from axoplan.executor import checkpoint
     from axoplan.executor.record import runs_path
     from axoplan.executor.spec import Scale, check_runnable, check_world, make_settings, scale_plan
     from axoplan.plan import LaunchConfig
@@ -102,8 +116,14 @@ def run(
     check_runnable(config, engine.value)
     if engine is _Engine.axonn:
         _require_axonn()
+    folder = checkpoint_dir if checkpoint_dir is not None else checkpoint.checkpoint_dir(plan)
+    if resume:
+        checkpoint.check_resumable(folder, config.plan_id, config.world_size)
+    if save_checkpoint:
+        checkpoint.check_savable(folder)
     settings = make_settings(iterations=iterations, warmup=warmup, timeout_s=timeout, device=device.value,
-                            dtype=dtype.value, init=init.value, engine=engine.value, fault=fault, progress=True)
+                             dtype=dtype.value, init=init.value, engine=engine.value, fault=fault, progress=True,
+                             checkpoint_dir=str(folder.resolve()), save_checkpoint=save_checkpoint, resume=resume)
     out = runs if runs is not None else runs_path(plan)
     _check_record_path(out)
     record: str | None
@@ -115,6 +135,8 @@ def run(
         if record is None:
             return
     _finish(out, record)
+    if save_checkpoint:
+        typer.echo(f"wrote the checkpoint to {folder}", err=True)
 
 
 def _require_axonn() -> None:

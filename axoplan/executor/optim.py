@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -40,6 +41,26 @@ class Optimizer:
         self._master = [p if p.dtype == torch.float32 else p.detach().float().clone() for p in self.params]
         self._m = [torch.zeros_like(w) for w in self._master] if kind == "adam" else []
         self._v = [torch.zeros_like(w) for w in self._master] if kind == "adam" else []
+
+    def state(self) -> dict[str, Any]:
+        """Step count, float32 masters and moments (CPU copies), for a checkpoint."""
+        def cpu(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [t.detach().cpu().clone() for t in ts]
+
+        return {"kind": self.kind, "steps": self.steps, "master": cpu(self._master), "m": cpu(self._m),
+                "v": cpu(self._v)}
+
+    @torch.no_grad()
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state` into this optimizer (same parameters, same order)."""
+        if state["kind"] != self.kind or len(state["master"]) != len(self._master):
+            raise RuntimeError(f"checkpoint optimizer is {state['kind']} over {len(state['master'])} tensors, "
+                               f"this run's is {self.kind} over {len(self._master)}")
+        for mine, saved in zip((self._master, self._m, self._v), (state["master"], state["m"], state["v"]),
+                               strict=True):
+            for t, s in zip(mine, saved, strict=True):
+                t.copy_(s)
+        self.steps = int(state["steps"])
 
     def zero_grad(self) -> None:
         for p in self.params:

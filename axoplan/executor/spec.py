@@ -37,6 +37,9 @@ class ExecSettings(Frozen):
     engine: Literal["native", "axonn"] = Field("native", description="axonn: AxoNN's expert-mode linears (GPU).")
     trace: bool = Field(False, description="Record the last iteration's op sequence (benchmarks).")
     progress: bool = Field(False, description="Rank 0 prints one line per iteration on stderr.")
+    checkpoint_dir: str | None = Field(None, description="The run's checkpoint folder (axoplan.executor.checkpoint).")
+    save_checkpoint: bool = Field(False, description="Write a checkpoint to checkpoint_dir at the end of the run.")
+    resume: bool = Field(False, description="Start from the checkpoint in checkpoint_dir (AXOPLAN_RESUME=1).")
     fault: str = Field("", pattern=r"^(\d+:(raise|exit|kill|hang)@\d+)?$",
                        description="Fault drill 'RANK:KIND@ITERATION': that rank raises, exits, is killed or "
                                    "hangs when the iteration starts (to check a cluster's failure handling).")

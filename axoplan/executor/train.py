@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -108,6 +109,8 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
         model = GPT4D(plan.model, vocab, params, rt, plan.recompute)
     batches = local_batches(plan, synthetic_tokens(plan, settings.seed), groups.coords, device)
     optimizer = _optimizer(model, settings)
+    if settings.resume:
+        _resume(plan, settings, groups.rank, model, optimizer)
     scale = 1.0 / (plan.layout.gdata * plan.layout.gz * plan.grad_accum_steps)
     losses, times, phases, grads = [], [], [], None
     for it in range(settings.warmup + settings.iterations):
@@ -128,9 +131,29 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
         if settings.progress and groups.rank == 0:
             _progress(it, settings, elapsed)
     trace, timer.trace = timer.trace, None
+    if settings.save_checkpoint:
+        from axoplan.executor import checkpoint
+
+        checkpoint.save(_folder(settings), groups.rank, plan.plan_id, plan.world_size, model, optimizer, losses[-1])
     iter_s, phase_s = _reduce_timings(rt.comm, times, phases, device)
     return RankResult(groups.rank, losses, iter_s, phase_s, grads, device_name(device),
                       torch.distributed.get_backend(), str(dtype).removeprefix("torch."), trace)
+
+
+def _folder(settings: ExecSettings) -> Path:
+    if settings.checkpoint_dir is None:
+        raise RuntimeError("a checkpoint needs ExecSettings.checkpoint_dir")
+    return Path(settings.checkpoint_dir)
+
+
+def _resume(plan: LaunchConfig, settings: ExecSettings, rank: int, model: GPT4D, optimizer: Optimizer) -> None:
+    """Load this rank's state from the checkpoint (rank 0 says from which step)."""
+    from axoplan.executor import checkpoint
+
+    steps = checkpoint.load(_folder(settings), rank, plan.plan_id, model, optimizer)
+    if settings.progress and rank == 0:
+        sys.stderr.write(f"resumed from the checkpoint of step {steps} in {settings.checkpoint_dir}\n")
+        sys.stderr.flush()
 
 
 def _progress(it: int, settings: ExecSettings, elapsed_s: float) -> None:

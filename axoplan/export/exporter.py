@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from axoplan.budget import run_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.files import NewFile, write_all_or_nothing
 from axoplan.export.job import JobSettings
@@ -21,7 +22,8 @@ from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, job_values, render_job
 from axoplan.plan import LaunchConfig, plan_from_ranking
 from axoplan.ranking import Ranking
 
-__all__ = ["ExportedPlan", "folder_label", "prepare_exports", "write_exports", "top_indices", "summary"]
+__all__ = ["ExportedPlan", "folder_label", "prepare_exports", "with_training", "write_exports", "top_indices",
+           "summary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,7 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
     width = max(2, len(str(len(indices))))
     out = []
     for n, i in enumerate(indices, start=1):
-        plan = _checked_plan(source, i, machine_ref)
+        plan = _checked_plan(source, i, machine_ref, settings.tokens)
         folder = f"{n:0{width}d}-{folder_label(plan)}"
         script = render_job_script(plan, source.machine, settings, folder, n)
         values = job_values(plan, source.machine, settings, folder)
@@ -69,13 +71,24 @@ def folder_label(plan: LaunchConfig) -> str:
     return "-".join(f"{a.name[0]}{lay.size(a.name)}" for a in AXIS_DEFS)
 
 
-def _checked_plan(source: Any, i: int, machine_ref: str) -> LaunchConfig:
-    """The launch config of row i, refused unless it reads back to the same object."""
+def _checked_plan(source: Any, i: int, machine_ref: str, tokens: int | None) -> LaunchConfig:
+    """The launch config of row i (with the cost of `tokens` tokens), refused unless it reads back unchanged."""
     plan = plan_from_ranking(source, i, machine_ref)
+    if tokens is not None:
+        plan = with_training(plan, tokens)
     if LaunchConfig.from_json(plan.to_json(), "exported plan") != plan:
         raise AxoplanError(f"launch config {plan.plan_id} does not read back unchanged (a non-finite prediction?); "
                            f"not exporting it")
     return plan
+
+
+def with_training(plan: LaunchConfig, tokens: int) -> LaunchConfig:
+    """`plan` recording what training `tokens` tokens costs at its predicted step time (axoplan.budget)."""
+    if plan.prediction is None:
+        return plan
+    cost = run_cost(tokens, plan.options.global_batch, plan.options.seq_len, plan.prediction.t_step_s,
+                    plan.world_size, plan.devices_per_node)
+    return plan.model_copy(update={"training": cost.record()})
 
 
 def write_exports(exports: list[ExportedPlan], out_dir: Path, force: bool) -> list[Path]:

@@ -2,12 +2,15 @@
 
 Wall time (seconds) = predicted step time × iterations + margin, rounded up to whole
 minutes (Slurm's granularity) and never under one minute; written ``HH:MM:SS`` (hours
-may exceed 24, which Slurm accepts).
+may exceed 24, which Slurm accepts). ``export --time`` replaces it, in any of Slurm's
+``--time`` formats (sbatch(1): "minutes", "minutes:seconds", "hours:minutes:seconds",
+"days-hours", "days-hours:minutes", "days-hours:minutes:seconds").
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from pydantic import Field, PositiveInt, field_validator
 
@@ -15,8 +18,8 @@ from axoplan.errors import AxoplanError
 from axoplan.launcher import SITE_VALUES, LauncherSpec, placeholder_text
 from axoplan.schema import Frozen
 
-__all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_walltime", "site_values",
-           "ENV_PREFIX"]
+__all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_walltime", "parse_walltime",
+           "site_values", "ENV_PREFIX"]
 
 ENV_PREFIX = "AXOPLAN_"
 _UNSAFE = set("\"'$`\\\n\r")
@@ -44,6 +47,10 @@ class JobSettings(Frozen):
     """How one export turns launch configs into job scripts."""
 
     iterations: PositiveInt = Field(100, description="Iterations the job runs; sets the wall time.")
+    tokens: PositiveInt | None = Field(None, description="Tokens to train (export --tokens): recorded as days, "
+                                                         "node-hours and GPU-hours in each plan and script.")
+    walltime_override_s: PositiveInt | None = Field(
+        None, description="Wall time per job from --time, replacing the predicted (and queue-chosen) one.")
     margin_minutes: float = Field(10.0, ge=0, description="Minutes added to the predicted run time (start-up).")
     command: str | None = Field(None, description="The user's own training command instead of the executor.")
     allow_partial_nodes: bool = Field(False, description="Allow a GPU count that does not fill whole nodes.")
@@ -81,6 +88,26 @@ def walltime_s(t_step_s: float, iterations: int, margin_minutes: float) -> int:
     if minutes * 60 < seconds:  # seconds / 60 rounded down to a whole number
         minutes += 1
     return max(60, minutes * 60)
+
+
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_walltime(text: str) -> int:
+    """Seconds of a Slurm ``--time`` value: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (sbatch(1))."""
+    m = _SLURM_TIME.match(text.strip())
+    if m is None:
+        raise AxoplanError(f"--time {text!r} is not a wall time; write HH:MM:SS, minutes, or D-HH:MM:SS")
+    days, first, second, third = (int(g) if g is not None else 0 for g in m.groups())
+    if m.group(1) is not None:  # D-H[:M[:S]]
+        seconds = days * 86_400 + first * 3600 + second * 60 + third
+    elif m.group(4) is not None:  # H:M:S
+        seconds = first * 3600 + second * 60 + third
+    else:  # M or M:S
+        seconds = first * 60 + second
+    if seconds < 60:
+        raise AxoplanError(f"--time {text!r} is under one minute; give at least 00:01:00")
+    return seconds
 
 
 def format_walltime(seconds: int) -> str:

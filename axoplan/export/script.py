@@ -12,6 +12,7 @@ import shutil
 import subprocess
 
 from axoplan.axes import AXIS_DEFS
+from axoplan.budget import describe_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.job import (
     ENV_PREFIX,
@@ -27,8 +28,8 @@ from axoplan.plan import LaunchConfig
 from axoplan.queues import QueueChoice, choose_queue
 from axoplan.staging import margin_minutes, staged
 
-__all__ = ["render_job_script", "job_values", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD", "SCRIPT_NAME",
-           "PLAN_NAME"]
+__all__ = ["render_job_script", "job_values", "time_warning", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD",
+           "SCRIPT_NAME", "PLAN_NAME"]
 
 SCRIPT_NAME = "job.sh"
 PLAN_NAME = "plan.json"
@@ -56,6 +57,9 @@ def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name
     choice = queue_choice(plan, machine, settings)
     if choice is not None:
         wall = choice.walltime_s
+    if settings.walltime_override_s is not None:
+        wall = settings.walltime_override_s
+    if choice is not None:
         for key in ("partition", "qos"):
             if getattr(settings.site, key) is None and getattr(choice.queue, key) is not None:
                 site[key] = getattr(choice.queue, key)
@@ -72,6 +76,25 @@ def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) ->
     nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
     return choose_queue(launcher.queues, nodes, plan.prediction.t_step_s, settings.iterations,
                         job_margin(machine, nodes, settings))
+
+
+def time_warning(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> str | None:
+    """One line when --time asks for more than the chosen queue allows, or less than the job's predicted need."""
+    asked = settings.walltime_override_s
+    if asked is None or plan.prediction is None:
+        return None
+    choice = queue_choice(plan, machine, settings)
+    if choice is not None and asked > choice.queue.max_walltime_minutes * 60:
+        return (f"--time {format_walltime(asked)} exceeds queue {choice.queue.name}'s limit of "
+                f"{format_walltime(choice.queue.max_walltime_minutes * 60)} {choice.queue.source}; the scheduler "
+                f"will refuse or cap the job")
+    nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
+    needed = choice.walltime_s if choice is not None else walltime_s(
+        plan.prediction.t_step_s, settings.iterations, job_margin(machine, nodes, settings))
+    if asked < needed:
+        return (f"--time {format_walltime(asked)} is under the predicted {format_walltime(needed)} a job needs "
+                f"({_job_iterations(plan, machine, settings)} iterations + margin); it may be stopped before it ends")
+    return None
 
 
 def job_margin(machine: Machine, nodes: int, settings: JobSettings) -> float:
@@ -109,7 +132,7 @@ def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSetting
         ["set -eo pipefail"],
         [f"module load {fill(m, values)}" for m in launcher.modules],
         _exports(launcher.env, values),
-        [fill(line, values) for line in launcher.setup],
+        _setup(launcher, values),
         _staging_setup(launcher, values),
         _plan_block(plan, settings),
         _chain_block(queue_choice(plan, machine, settings), settings, launcher),
@@ -128,6 +151,8 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
     opts = ["recompute" if plan.recompute else "no recompute"]
     if plan.cache_weights and lay.gz > 1:
         opts.append("cached weights")
+    predicted = (f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} "
+                 f"iterations + {_margin(plan, machine, settings, values):g} min margin")
     lines = [
         f"# axoplan export, rank {rank}: {plan.model.name} on {plan.world_size} x {machine.device.name} "
         f"({machine.name}), {values['nodes']} nodes",
@@ -135,8 +160,9 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
         f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
-        f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} iterations + "
-        f"{_margin(plan, machine, settings, values):g} min margin = wall time {values['walltime']}",
+        f"{predicted} = wall time {values['walltime']}" if settings.walltime_override_s is None
+        else f"{predicted}; wall time {values['walltime']} from --time",
+        *([f"# {describe_cost(plan.training)}"] if plan.training is not None else []),
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
     if require_launcher(machine).scheduler == "slurm":
@@ -195,6 +221,14 @@ def _staging_header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]
     return [f"#SBATCH {fill(line, values)}" for line in launcher.staging.header]
 
 
+def _setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+    """The launcher's setup lines, unless a staged job's staging block replaces them."""
+    spec = launcher.staging
+    if spec is not None and spec.replace_setup and staged(spec, int(values["nodes"])):
+        return []
+    return [fill(line, values) for line in launcher.setup]
+
+
 def _staging_setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
     spec = launcher.staging
     if spec is None or not staged(spec, int(values["nodes"])):
@@ -208,7 +242,8 @@ def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: La
 
     Job k (1-based, from AXOPLAN_JOB_INDEX) submits job k+1 with ``sbatch --dependency=afterok`` before it
     launches, so the next starts only if this one succeeds; AXOPLAN_RESUME=1 tells the payload to resume
-    from its last checkpoint (every job but the first).
+    from its last checkpoint (every job but the first), and AXOPLAN_SAVE_CHECKPOINT=1 makes the executor
+    write one at the end of every job.
     """
     if choice is None or choice.jobs == 1 or launcher.scheduler != "slurm":
         return []
@@ -222,6 +257,8 @@ def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: La
         f"export {p}TOTAL_ITERATIONS={settings.iterations}",
         f"export {p}ITERATIONS=$(( {p}JOB_INDEX < {p}JOBS ? {per} : {last} ))",
         f"export {p}RESUME=$(( {p}JOB_INDEX > 1 ? 1 : 0 ))",
+        f"export {p}SAVE_CHECKPOINT=1  # axoplan run writes checkpoint/ beside the plan; the next job resumes from it",
+        f"export {p}WARMUP=0  # axoplan run: every step counts toward {p}TOTAL_ITERATIONS",
         f"if (( {p}JOB_INDEX < {p}JOBS )); then",
         f'{_INDENT}sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,{p}JOB_INDEX=$(( {p}JOB_INDEX + 1 )) '
         f'"${{SLURM_SUBMIT_DIR:-$PWD}}/{SCRIPT_NAME}"',

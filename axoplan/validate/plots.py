@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from axoplan.axes import AXES
@@ -28,7 +29,7 @@ from axoplan.ranking import Ranking, rank
 from axoplan.validate.compare import PREDICTED_PARTS
 
 __all__ = ["PARTS", "predicted_vs_measured", "breakdown", "top_layouts", "scaling_points", "scaling",
-           "measured_parts", "save_figure", "check_figure_path", "FIGURE_SUFFIXES"]
+           "scaling_costs", "cost_summary", "measured_parts", "save_figure", "check_figure_path", "FIGURE_SUFFIXES"]
 
 PARTS: tuple[str, ...] = (*PREDICTED_PARTS, "other")
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -158,10 +159,52 @@ def scaling_points(machine: Machine, models: Sequence[ModelSpec], gpu_counts: Se
     return pd.DataFrame(rows)
 
 
-def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions) -> Figure:
-    """TFLOP/s per GPU and seconds per iteration against GPU count, one line per model."""
-    fig = Figure(figsize=(11.0, 4.5), layout="constrained")
-    left, right = fig.subplots(1, 2)
+def scaling_costs(points: pd.DataFrame, tokens: int, options: RunOptions, devices_per_node: int) -> pd.DataFrame:
+    """`points` with the days, node-hours and GPU-hours of training `tokens` tokens (axoplan.budget.run_cost);
+    NaN where nothing fits."""
+    from axoplan.budget import run_cost
+
+    def cost(row: pd.Series) -> pd.Series:
+        if math.isnan(row["t_step_s"]):
+            return pd.Series({"days": math.nan, "node_hours": math.nan, "gpu_hours": math.nan})
+        c = run_cost(tokens, options.global_batch, options.seq_len, float(row["t_step_s"]), int(row["gpus"]),
+                     devices_per_node)
+        return pd.Series({"days": c.days, "node_hours": c.node_hours, "gpu_hours": c.gpu_hours})
+
+    return pd.concat([points, points.apply(cost, axis=1)], axis=1)
+
+
+def cost_summary(points: pd.DataFrame, threshold: float = 0.75) -> list[str]:
+    """Per model, the fastest and the cheapest GPU count, and where adding GPUs stops paying.
+
+    A step from g1 to g2 GPUs (consecutive feasible counts) pays while its marginal efficiency,
+    speed-up / GPU ratio = (days1 / days2) / (g2 / g1), is at least `threshold` (0.75: at most a
+    quarter of the added GPU-hours buy nothing); the line names the first step below it.
+    """
+    lines = []
+    for model, sub in points.dropna(subset=["days"]).groupby("model", sort=False):
+        fast, cheap = sub.loc[sub["days"].idxmin()], sub.loc[sub["node_hours"].idxmin()]
+        text = (f"{model}: fewest days {fast['days']:.1f} at {int(fast['gpus'])} GPUs "
+                f"({fast['node_hours']:,.0f} node-hours); fewest node-hours {cheap['node_hours']:,.0f} at "
+                f"{int(cheap['gpus'])} GPUs ({cheap['days']:.1f} days)")
+        steps = sub.sort_values("gpus")
+        for (_, a), (_, b) in zip(steps.iterrows(), steps.iloc[1:].iterrows(), strict=False):
+            speedup, more = a["days"] / b["days"], b["gpus"] / a["gpus"]
+            if speedup / more < threshold:
+                text += (f"; from {int(a['gpus'])} to {int(b['gpus'])} GPUs the days fall only {speedup:.2f}x for "
+                         f"{more:g}x the GPUs ({100 * speedup / more:.0f}% of ideal)")
+                break
+        lines.append(text)
+    return lines
+
+
+def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions, tokens: int | None = None) -> Figure:
+    """TFLOP/s per GPU and seconds per iteration against GPU count, one line per model; with `tokens`
+    (and `points` from :func:`scaling_costs`), a second row: days to train and node-hours."""
+    rows = 1 if tokens is None else 2
+    fig = Figure(figsize=(11.0, 4.5 * rows), layout="constrained")
+    grid = fig.subplots(rows, 2, squeeze=False)
+    left, right = grid[0]
     for model, sub in points.groupby("model", sort=False):
         left.plot(sub["gpus"], sub["tflops_per_gpu"], marker="o", label=str(model))
         right.plot(sub["gpus"], sub["t_step_s"], marker="o", label=str(model))
@@ -169,7 +212,9 @@ def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions) -> Figu
     left.axhline(peak, color="grey", lw=0.8, ls="--", label=f"peak {peak:g}")
     left.set(xscale="log", xlabel="GPUs", ylabel="TFLOP/s per GPU (hardware flops)", ylim=(0, peak * 1.05))
     right.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="s / iteration (best layout)")
-    for ax in (left, right):
+    if tokens is not None:
+        _cost_panels(points, grid[1][0], grid[1][1], tokens, machine)
+    for ax in grid.flat:
         ax.set_xticks(sorted(points["gpus"].unique()), [str(g) for g in sorted(points["gpus"].unique())],
                       fontsize="small", rotation=45)
         ax.grid(True, which="both", lw=0.3, alpha=0.5)
@@ -177,6 +222,20 @@ def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions) -> Figu
     fig.suptitle(f"predicted scaling on {machine.name}: global batch {options.global_batch} x "
                  f"{options.seq_len} tokens")
     return fig
+
+
+def _cost_panels(points: pd.DataFrame, days_ax: Axes, hours_ax: Axes, tokens: int, machine: Machine) -> None:
+    """Days to train (falls while adding GPUs pays) and node-hours (flat under perfect scaling, rising after)."""
+    from axoplan.budget import format_tokens
+
+    for model, sub in points.groupby("model", sort=False):
+        days_ax.plot(sub["gpus"], sub["days"], marker="o", label=str(model))
+        hours_ax.plot(sub["gpus"], sub["node_hours"], marker="o", label=str(model))
+    label = format_tokens(tokens)
+    days_ax.set(xscale="log", yscale="log", xlabel="GPUs",
+                ylabel=f"days to train {label} tokens")
+    hours_ax.set(xscale="log", yscale="log", xlabel="GPUs",
+                 ylabel=f"node-hours for {label} tokens ({machine.devices_per_node} GPUs per node)")
 
 
 def check_figure_path(path: Path, force: bool = False) -> None:

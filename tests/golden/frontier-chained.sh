@@ -74,6 +74,8 @@ export AXOPLAN_JOBS=2
 export AXOPLAN_TOTAL_ITERATIONS=20000
 export AXOPLAN_ITERATIONS=$(( AXOPLAN_JOB_INDEX < AXOPLAN_JOBS ? 11834 : 8166 ))
 export AXOPLAN_RESUME=$(( AXOPLAN_JOB_INDEX > 1 ? 1 : 0 ))
+export AXOPLAN_SAVE_CHECKPOINT=1  # axoplan run writes checkpoint/ beside the plan; the next job resumes from it
+export AXOPLAN_WARMUP=0  # axoplan run: every step counts toward AXOPLAN_TOTAL_ITERATIONS
 if (( AXOPLAN_JOB_INDEX < AXOPLAN_JOBS )); then
     sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,AXOPLAN_JOB_INDEX=$(( AXOPLAN_JOB_INDEX + 1 )) "${SLURM_SUBMIT_DIR:-$PWD}/job.sh"
 fi

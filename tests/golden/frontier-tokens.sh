@@ -1,0 +1,90 @@
+#!/bin/bash
+# axoplan export, rank 1: 20B on 256 x AMD MI250X GCD (frontier), 32 nodes
+# layout Gx=4 Gy=1 Gz=8 Gdata=8; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
+# micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
+# predicted 7.250 s/iteration x 11834 iterations + 10 min margin = wall time 24:00:00
+# time to train 300B tokens: 71,526 steps, 6.0 days on 32 nodes = 4,609 node-hours (36,876 GPU-hours)
+# plan ef622c0bd7da; its launch config is plan.json, next to this script
+# submit from this folder:  sbatch job.sh
+#SBATCH -A <ACCOUNT>
+#SBATCH -p extended
+#SBATCH -N 32
+#SBATCH --ntasks-per-node=8
+#SBATCH -t 24:00:00
+#SBATCH -J axoplan-01-x4-y1-z8-d8
+#SBATCH -o %x-%j.out
+#SBATCH --network=disable_rdzv_get
+
+set -eo pipefail
+
+module load PrgEnv-gnu/8.7.0
+module load cpe/26.03
+module load miniforge3/23.11.0-0
+module load rocm/7.1.1
+module load rccl-net-plugin
+module load craype-accel-amd-gfx90a
+
+export LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH:$LD_LIBRARY_PATH"
+export NCCL_CROSS_NIC="1"
+export NCCL_NET_GDR_LEVEL="PHB"
+export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"
+export HSA_FORCE_FINE_GRAIN_PCIE="1"
+export FI_MR_CACHE_MONITOR="kdreg2"
+export FI_CXI_DISABLE_HOST_REGISTER="1"
+export FI_CXI_DEFAULT_CQ_SIZE="131072"
+export FI_CXI_RDZV_PROTO="alt_read"
+export FI_CXI_RDZV_EAGER_SIZE="0"
+export FI_CXI_RDZV_THRESHOLD="0"
+export FI_CXI_RDZV_GET_MIN="0"
+export FI_CXI_DEFAULT_TX_SIZE="2048"
+export FI_CXI_RX_MATCH_MODE="hybrid"
+export CUDA_DEVICE_MAX_CONNECTIONS="1"
+export OMP_NUM_THREADS="7"
+export MIOPEN_USER_DB_PATH="/tmp/miopen-cache-$SLURM_JOB_ID"
+export MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
+MASTER_ADDR="$(hostname -i)"
+export MASTER_ADDR
+export MASTER_PORT="3442"
+
+if (( SLURM_JOB_NUM_NODES > 1 )); then export NCCL_NET=OFI; else export NCCL_NET=Socket; fi
+conda activate "<PYTHON_ENV>"
+
+# the launch config, and the layout as variables for the payload (see docs/export.md)
+export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"
+if [ ! -f "$AXOPLAN_PLAN" ]; then
+    echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
+    exit 1
+fi
+export AXOPLAN_PLAN_ID=ef622c0bd7da
+export AXOPLAN_G_INTER=1
+export AXOPLAN_G_DATA=8
+export AXOPLAN_G_INTRA_R=1
+export AXOPLAN_G_INTRA_C=4
+export AXOPLAN_G_INTRA_D=8
+export AXOPLAN_MICRO_BATCH=2
+export AXOPLAN_GRAD_ACCUM_STEPS=16
+export AXOPLAN_GLOBAL_BATCH=2048
+export AXOPLAN_SEQ_LEN=2048
+export AXOPLAN_RECOMPUTE=0
+export AXOPLAN_CACHE_WEIGHTS=1
+export AXOPLAN_ITERATIONS=71526
+
+# chained run: 71526 iterations in 7 jobs of at most 11834 iterations, queue extended (limit 1440 min [doc OLCF]: extended partition, <= 64 nodes, 24 h)
+export AXOPLAN_JOB_INDEX="${AXOPLAN_JOB_INDEX:-1}"
+export AXOPLAN_JOBS=7
+export AXOPLAN_TOTAL_ITERATIONS=71526
+export AXOPLAN_ITERATIONS=$(( AXOPLAN_JOB_INDEX < AXOPLAN_JOBS ? 11834 : 522 ))
+export AXOPLAN_RESUME=$(( AXOPLAN_JOB_INDEX > 1 ? 1 : 0 ))
+export AXOPLAN_SAVE_CHECKPOINT=1  # axoplan run writes checkpoint/ beside the plan; the next job resumes from it
+export AXOPLAN_WARMUP=0  # axoplan run: every step counts toward AXOPLAN_TOTAL_ITERATIONS
+if (( AXOPLAN_JOB_INDEX < AXOPLAN_JOBS )); then
+    sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,AXOPLAN_JOB_INDEX=$(( AXOPLAN_JOB_INDEX + 1 )) "${SLURM_SUBMIT_DIR:-$PWD}/job.sh"
+fi
+
+# shellcheck disable=SC2016  # the quoted lines run, and expand, inside every task
+srun -N 32 -n 256 --ntasks-per-node=8 -c 7 --gpus-per-task=1 --gpu-bind=closest \
+    bash -c '
+        export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"
+        mkdir -p "$MIOPEN_USER_DB_PATH"
+        exec "$@"' axoplan-task \
+    python -u -m axoplan run "$AXOPLAN_PLAN"
