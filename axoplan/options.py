@@ -38,6 +38,9 @@ class RunOptions(Frozen):
     overlap_forward_all_reduce: bool = Field(
         False, description="Split the local batch in two chunks to hide the forward all-reduce."
     )
+    concurrent_z: bool = Field(
+        False, description="A second Z communicator, so the backward's Z all-gathers and reduce-scatters run at "
+        "once (AxoNN's Gordon Bell branch); they still share the Z links.")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="Attention kernel: flash (fused) or unfused (scores materialised in HBM).")
     precision: Literal["bf16"] = Field("bf16", description="Weights and activations in bf16 (2 bytes).")

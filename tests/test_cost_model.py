@@ -219,3 +219,48 @@ def test_norm_statistics_are_reduced_over_x_only_when_x_is_split():
     assert norms.axis == "x" and norms.total_s[0] > 0
     assert norms.calls_per_step[0] == B / (4 * 8 * 2) * (2 * L + 1)
     assert t2["loss", "forward", "all-reduce"].axis == "y"
+
+
+def _z_backward_exposed(pred) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return sum(t.exposed_s for t in pred.collectives if t.axis == "z" and t.phase == "backward"
+               and t.op in ("all-gather", "reduce-scatter"))
+
+
+def test_concurrent_z_hides_exactly_the_shorter_latency_when_nothing_else_hides() -> None:
+    """With no compute to hide behind (a machine so slow at communicating that every Z
+    collective is exposed), a second Z communicator saves one all-gather latency per layer and
+    micro-batch: ⌈log2 Gz⌉·α (the two still share the links, so bandwidth terms add)."""
+    machine = load_machine("frontier")
+    slow = machine.model_copy(update={"measured_bandwidth": (), "inter_node": machine.inter_node.model_copy(
+        update={"efficiency": 0.001, "latency_us": 5000.0})})
+    c = Candidates.single(Layout(1, 1, 16, 2), 2, False, False)
+    serial = predict(MODEL, slow, OPTS, c)
+    concurrent = predict(MODEL, slow, OPTS.model_copy(update={"concurrent_z": True}), c)
+    n_micro = B / (2 * 16 * 2)
+    layers = L * 4 + 1  # four linears per block and the head
+    saved = _z_backward_exposed(serial)[0] - _z_backward_exposed(concurrent)[0]
+    assert saved == pytest.approx(n_micro * layers * 4 * 5000e-6, rel=1e-9)  # log2(16) = 4 steps
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=st.sampled_from([Layout(1, 1, 8, 2), Layout(2, 2, 4, 1), Layout(1, 4, 4, 1), Layout(2, 1, 8, 1),
+                               Layout(1, 2, 2, 4)]),
+       mbs=st.sampled_from([1, 2, 4]), recompute=st.booleans(), cache=st.booleans(),
+       ors=st.booleans(), oag=st.booleans())
+def test_concurrent_z_never_exposes_more_nor_hides_more_than_the_shorter(
+        layout: Layout, mbs: int, recompute: bool, cache: bool, ors: bool, oag: bool) -> None:
+    opts = OPTS.model_copy(update={"micro_batches": (mbs,), "overlap_reduce_scatter": ors,
+                                   "overlap_all_gather": oag})
+    c = Candidates.single(layout, mbs, recompute, cache)
+    machine = load_machine("frontier")
+    serial = predict(MODEL, machine, opts, c)
+    concurrent = predict(MODEL, machine, opts.model_copy(update={"concurrent_z": True}), c)
+    s_terms = {(t.layer, t.op): t for t in serial.collectives if t.axis == "z" and t.phase == "backward"}
+    c_terms = {(t.layer, t.op): t for t in concurrent.collectives if t.axis == "z" and t.phase == "backward"}
+    for layer in {k[0] for k in s_terms}:
+        ag_s, rs_s = s_terms[layer, "all-gather"], s_terms[layer, "reduce-scatter"]
+        ag_c, rs_c = c_terms[layer, "all-gather"], c_terms[layer, "reduce-scatter"]
+        before = ag_s.exposed_s[0] + rs_s.exposed_s[0]
+        after = ag_c.exposed_s[0] + rs_c.exposed_s[0]
+        assert after <= before * (1 + 1e-12)
+        assert before - after <= min(ag_s.total_s[0], rs_s.total_s[0]) * (1 + 1e-12) + 1e-15

@@ -69,6 +69,8 @@ CASES_4 = {
     "y4-ors-with-y": tiny_plan(Layout(1, 4, 1, 1), ors=True),
     "d4-data-only": tiny_plan(Layout(1, 1, 1, 4), accum=2),
     "z2d2-shards-padded": tiny_plan(Layout(1, 1, 2, 2), hidden=33, num_heads=3, oag=True, ors=True, cache=True),
+    "z4-concurrent-z-communicators": tiny_plan(Layout(1, 1, 4, 1), oag=True, ors=True, recompute=True,
+                                               concurrent_z=True),
 }
 
 
@@ -113,6 +115,7 @@ CASES_8 = {
     "x2z2d2-recompute-oag-accum": tiny_plan(Layout(2, 1, 2, 2), recompute=True, oag=True, ors=True, accum=2),
     "y2z2d2-cache-mb2": tiny_plan(Layout(1, 2, 2, 2), cache=True, oag=True, micro_batch=2, seq_len=4),
     "z8-shards-padded": tiny_plan(Layout(1, 1, 8, 1), hidden=34, num_heads=2, oag=True, ors=True, recompute=True),
+    "x2z2d2-concurrent-z-accum": tiny_plan(Layout(2, 1, 2, 2), oag=True, ors=True, accum=2, concurrent_z=True),
 }
 
 
@@ -148,6 +151,12 @@ def test_a_permuted_rank_order_gives_the_device_meshs_groups(eight: LocalCluster
             assert members == layout.groups(axis)[layout.group_row(axis, coords)].tolist()
     default = Layout(2, 2, 2, 1)
     assert any(layout.groups(a).tolist() != default.groups(a).tolist() for a in ("x", "y", "z"))
+
+
+def test_a_second_z_communicator_has_the_z_groups_members(eight: LocalCluster) -> None:
+    """concurrent_z: reduce-scatters go to a second communicator over the same Z members."""
+    for z, scatter, distinct in eight.run("tests.executor_helpers:second_z_task", 2, 1, 2, 2):
+        assert z == scatter and distinct
 
 
 @pytest.mark.parametrize("native", MESH_PATHS)

@@ -288,7 +288,8 @@ def _linear_terms(
     else:
         ar_fwd_exposed = lay.ar_fwd
     ag_again = np.where(c.cache_weights, 0.0, lay.ag)  # recompute and backward re-gather unless cached
-    ag_bwd_exposed, rs_exposed = _backward_z_exposed(lay, prev, ag_again, options)
+    z_latency = coll.all_gather_s(np.zeros_like(lay.ag), g.size["z"], g.bw["z"], g.lat["z"])  # the α part alone
+    ag_bwd_exposed, rs_exposed = _backward_z_exposed(lay, prev, ag_again, options, z_latency)
     ar_bwd_exposed = np.maximum(lay.ar_bwd - lay.t_dw, 0.0) if options.overlap_all_reduce else lay.ar_bwd
     ar_data_exposed = np.maximum(lay.ar_data - prev.compute_bwd, 0.0) if overlap_data else lay.ar_data
     rows = (
@@ -341,15 +342,25 @@ def _statistics_terms(
 
 
 def _backward_z_exposed(
-    lay: _Layer, neighbour: _Layer, ag: Floats, options: RunOptions
+    lay: _Layer, neighbour: _Layer, ag: Floats, options: RunOptions, z_latency: Floats
 ) -> tuple[Floats, Floats]:
     """Exposed backward all-gather and reduce-scatter: both ride the Z links behind one
-    neighbouring layer's backward compute; what is not overlapped is fully exposed."""
+    neighbouring layer's backward compute; what is not overlapped is fully exposed.
+
+    On one Z communicator the two run one after the other, ``ag + rs``. With a second one
+    (``concurrent_z``, AxoNN's Gordon Bell branch) they run at once but still share the Z
+    links, so their bandwidth terms still add; only their latency terms overlap:
+    ``ag + rs − min(latency_ag, latency_rs)``. So concurrency never exposes more than the
+    serial case and never hides more than the shorter of the two."""
     ov_ag = ag if options.overlap_all_gather else 0.0 * ag
     ov_rs = lay.rs if options.overlap_reduce_scatter else 0.0 * lay.rs
     overlapped = ov_ag + ov_rs
+    if options.concurrent_z:
+        both = (ov_ag > 0) & (ov_rs > 0)
+        overlapped = overlapped - np.where(both, z_latency, 0.0)
     left = np.maximum(overlapped - neighbour.compute_bwd, 0.0)
-    share = np.divide(left, overlapped, out=np.zeros_like(left), where=overlapped > 0)
+    total = ov_ag + ov_rs
+    share = np.divide(left, total, out=np.zeros_like(left), where=total > 0)
     return ag - ov_ag + ov_ag * share, lay.rs - ov_rs + ov_rs * share
 
 

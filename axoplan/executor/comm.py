@@ -94,6 +94,6 @@ class Comm:
             return Pending(None, full, self.timer)
         out = torch.empty(full.numel() // p, dtype=full.dtype, device=full.device)
         with torch.no_grad(), self.timer.span(f"reduce_scatter_{axis}", ("reduce_scatter", axis, full.numel(), sync)):
-            work = _REDUCE_SCATTER(out, full.detach().contiguous(), group=self.groups.group[axis],
+            work = _REDUCE_SCATTER(out, full.detach().contiguous(), group=self.groups.scatter_group(axis),
                                    async_op=not sync)
         return Pending(work, out, self.timer)

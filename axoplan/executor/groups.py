@@ -45,6 +45,11 @@ class Groups:
     def size(self, axis: str) -> int:
         return self.layout.world_size if axis == "world" else self.layout.size(axis)
 
+    def scatter_group(self, axis: str) -> dist.ProcessGroup:
+        """The group reduce-scatters over `axis` use: a second communicator of the same members
+        when the run has one (``concurrent_z``), so they run beside the all-gathers."""
+        return self.group.get(f"{axis}_scatter", self.group[axis])
+
     def is_owner(self, redundant_axes: tuple[str, ...]) -> bool:
         """True on the one member that speaks for copies repeated along `redundant_axes`."""
         return all(self.coords[a] == 0 for a in redundant_axes)
@@ -54,11 +59,13 @@ MESH_DIMS = mesh_dims()
 """Mesh dimension names of the default rank order (a layout's own are ``Layout.mesh_dims``)."""
 
 
-def build_groups(layout: Layout, device_type: str, timeout_s: float, native: bool | None = None) -> Groups:
+def build_groups(layout: Layout, device_type: str, timeout_s: float, native: bool | None = None,
+                 second_z: bool = False) -> Groups:
     """Create the mesh for `layout` over the default process group and check its rank order.
 
     `native`: DeviceMesh makes the groups (needs ``backend_override``, torch >= 2.9), or
-    they are made here and wrapped; None picks the first where torch has it.
+    they are made here and wrapped; None picks the first where torch has it. `second_z`: one
+    more communicator over each Z group (``z_scatter``) for the reduce-scatters.
     """
     world = dist.get_world_size()
     if world != layout.world_size:
@@ -74,6 +81,9 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, native: boo
         if got != want:
             raise RuntimeError(f"DeviceMesh group {axis} of rank {rank} is {got}, the planner's order says {want}")
     groups["world"] = dist.group.WORLD  # type: ignore[assignment]  # set once the default group exists
+    if second_z:
+        rows = [[int(r) for r in row] for row in layout.groups("z")]
+        groups["z_scatter"], _ = dist.new_subgroups_by_enumeration(rows, timeout=timedelta(seconds=timeout_s))
     return Groups(layout, rank, coords, groups, mesh)
 
 

@@ -98,7 +98,8 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     """Run `plan` on this rank of an initialised default process group."""
     device = resolve_device(settings, local_rank)
     dtype = resolve_dtype(settings, device)
-    groups = build_groups(plan.layout.to_layout(), device.type, settings.timeout_s)
+    groups = build_groups(plan.layout.to_layout(), device.type, settings.timeout_s,
+                          second_z=plan.options.concurrent_z)
     timer = PhaseTimer(device, settings.phase_timing)
     rt = _runtime(plan, groups, timer)
     vocab = plan_vocab(plan)
