@@ -214,3 +214,10 @@ def test_cli_refuses_a_layout_that_does_not_divide_and_a_missing_launcher(tmp_pa
     assert "cannot run tiny: Gx=3 does not divide every layer dimension sharded over X" in done.stderr
     done = run_cli("run", str(_write(tmp_path, tiny_plan(Layout(1, 1, 1, 2)).to_json())))
     assert done.returncode == 2 and "not started by torchrun or srun" in done.stderr
+
+
+def test_the_axonn_engine_refuses_concurrent_z_communicators() -> None:
+    plan = tiny_plan(Layout(1, 1, 2, 1), oag=True, ors=True, concurrent_z=True)
+    check_runnable(plan)  # the native engine has them
+    with pytest.raises(AxoplanError, match="no second Z communicator"):
+        check_runnable(plan, engine="axonn")

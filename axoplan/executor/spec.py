@@ -141,6 +141,9 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
     lay = plan.layout.to_layout()
     one = Candidates.single(lay, plan.micro_batch, plan.recompute, plan.cache_weights)
     problems = check(plan.model, plan.options, one, engine).texts(0)
+    if engine == "axonn" and plan.options.concurrent_z:
+        raise AxoplanError("AxoNN 0.2.0 has no second Z communicator (--concurrent-z is on its Gordon Bell branch "
+                           "only); run with the native engine, or export without --concurrent-z")
     if problems:
         raise AxoplanError(f"layout {lay} cannot run {plan.model.name}: {'; '.join(problems)} "
                            f"(choose another layout, or scale the model with --hidden/--layers/--seq-len)")
