@@ -19,6 +19,7 @@ this one list.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["Axis", "AXIS_DEFS", "AXES", "DEFAULT_ORDER", "AXIS_BY_NAME", "check_order", "strides", "mesh_dims",
-           "label", "LABELS", "FIELDS"]
+           "label", "LABELS", "FIELDS", "TP_AXES", "TP_ORDERS", "order_name", "parse_tp_order", "axonn_order"]
 
 Ints = npt.NDArray[np.int64]
 
@@ -60,6 +61,31 @@ LABELS: Final[tuple[str, ...]] = tuple(a.label for a in AXIS_DEFS)
 AXIS_BY_NAME: Final[Mapping[str, Axis]] = {a.name: a for a in AXIS_DEFS}
 DEFAULT_ORDER: Final[tuple[str, ...]] = ("x", "y", "z", "data")
 """AxoNN's rank order, innermost (fastest-varying) axis first."""
+
+
+TP_AXES: Final[tuple[str, ...]] = ("x", "y", "z")
+"""The tensor-parallel axes, whose order inside the block AxoNN's ``tensor_parallel_order`` chooses."""
+
+TP_ORDERS: Final[tuple[tuple[str, ...], ...]] = tuple(
+    (*p, "data") for p in itertools.permutations(TP_AXES))
+"""Every rank order AxoNN can run: a permutation of X, Y, Z inside, data outermost; the default first."""
+
+
+def order_name(order: Sequence[str]) -> str:
+    """``xyz`` for the order X, Y, Z, data (innermost first; data is always outermost)."""
+    return "".join(a for a in order if a != "data")
+
+
+def parse_tp_order(text: str) -> tuple[str, ...]:
+    """The rank order named by ``xyz``-style text (ValueError if it is not a permutation of x, y, z)."""
+    if sorted(text) != sorted(TP_AXES):
+        raise ValueError(f"tensor-parallel order {text!r} is not a permutation of 'xyz' (innermost first)")
+    return (*text, "data")
+
+
+def axonn_order(order: Sequence[str]) -> list[str]:
+    """AxoNN's ``tensor_parallel_order`` for `order`: its letters c (X), r (Y), d (Z), innermost first."""
+    return [AXIS_BY_NAME[a].axonn_init[-1] for a in order if a != "data"]
 
 
 def check_order(order: Sequence[str]) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims
+from axoplan.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims, order_name, parse_tp_order
 from axoplan.errors import AxoplanError
 
 __all__ = ["AXES", "DEFAULT_ORDER", "Layout", "divisors", "ordered_factorizations", "parse_layout"]
@@ -109,11 +109,20 @@ class Layout:
                 "G_intra_c": named["G_intra_c"], "G_intra_d": named["G_intra_d"]}
 
     def __str__(self) -> str:
-        return "x".join(str(v) for v in self.sizes)
+        """``Gx x Gy x Gz x Gdata``, then ``/zxy`` when the tensor-parallel order is not AxoNN's default."""
+        text = "x".join(str(v) for v in self.sizes)
+        return text if self.order == DEFAULT_ORDER else f"{text}/{order_name(self.order)}"
 
 
 def parse_layout(text: str) -> Layout:
-    """'8x4x16x64' (Gx×Gy×Gz×Gdata) -> Layout."""
+    """'8x4x16x64' (Gx×Gy×Gz×Gdata) -> Layout; '8x4x16x64/zxy' also names the tensor-parallel order."""
+    text, _, order_text = text.partition("/")
+    order = DEFAULT_ORDER
+    if order_text:
+        try:
+            order = parse_tp_order(order_text.strip().lower())
+        except ValueError as exc:
+            raise AxoplanError(f"layout {text}/{order_text}: {exc}") from None
     parts = text.lower().replace("×", "x").replace(",", "x").split("x")
     try:
         sizes = [int(p) for p in parts]
@@ -121,7 +130,7 @@ def parse_layout(text: str) -> Layout:
         sizes = []
     if len(sizes) != 4:
         raise AxoplanError(f"layout {text!r} is not four sizes Gx x Gy x Gz x Gdata, e.g. 8x4x16x64")
-    return Layout(*sizes)
+    return Layout(*sizes, order=order)
 
 
 def divisors(n: int) -> IntArray:

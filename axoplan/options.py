@@ -38,6 +38,9 @@ class RunOptions(Frozen):
     overlap_forward_all_reduce: bool = Field(
         False, description="Split the local batch in two chunks to hide the forward all-reduce."
     )
+    tp_order: str = Field(
+        "search", description="Tensor-parallel rank order, innermost first (xyz: X innermost, AxoNN's default; "
+        "data is always outermost), or search every order (AxoNN's tensor_parallel_order).")
     concurrent_z: bool = Field(
         False, description="A second Z communicator, so the backward's Z all-gathers and reduce-scatters run at "
         "once (AxoNN's Gordon Bell branch); they still share the Z links.")
@@ -49,6 +52,13 @@ class RunOptions(Frozen):
     )
     framework: str = Field(
         "axonn", description="Framework profile (frameworks/<name>.yaml): host ops and kernels per block.")
+
+    @field_validator("tp_order")
+    @classmethod
+    def _tp_order(cls, v: str) -> str:
+        if v != "search" and sorted(v) != ["x", "y", "z"]:
+            raise ValueError(f"tensor-parallel order {v!r}: give 'search' or a permutation of 'xyz' (innermost first)")
+        return v
 
     @field_validator("framework")
     @classmethod

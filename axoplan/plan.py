@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
-from axoplan.axes import AXIS_DEFS, FIELDS
+from axoplan.axes import AXIS_DEFS, DEFAULT_ORDER, FIELDS, order_name, parse_tp_order
 from axoplan.budget import TrainingCost
 from axoplan.errors import AxoplanError
 from axoplan.layout import Layout
@@ -31,22 +31,24 @@ SCHEMA_VERSION = 1
 
 
 class LayoutSpec(Frozen):
-    """``Gx × Gy × Gz × Gdata`` (one field per axis of ``axoplan.axes``, checked by the tests).
-
-    The rank order is AxoNN's default; a plan does not record another yet.
-    """
+    """``Gx × Gy × Gz × Gdata`` (one field per axis of ``axoplan.axes``, checked by the tests) and the
+    tensor-parallel rank order, innermost first (``xyz``, AxoNN's default; data is outermost)."""
 
     gx: PositiveInt
     gy: PositiveInt
     gz: PositiveInt
     gdata: PositiveInt
+    tp_order: str = Field("xyz", pattern="^(xyz|xzy|yxz|yzx|zxy|zyx)$")
 
     @classmethod
     def of(cls, layout: Layout) -> LayoutSpec:
-        return cls.model_validate({a.field: layout.size(a.name) for a in AXIS_DEFS})
+        if layout.order[-1] != "data":
+            raise AxoplanError(f"a plan keeps data outermost; layout order {layout.order} cannot run with AxoNN")
+        return cls.model_validate({**{a.field: layout.size(a.name) for a in AXIS_DEFS},
+                                   "tp_order": order_name(layout.order)})
 
     def to_layout(self) -> Layout:
-        return Layout(*(getattr(self, f) for f in FIELDS))
+        return Layout(*(getattr(self, f) for f in FIELDS), order=parse_tp_order(self.tp_order))
 
     @property
     def world_size(self) -> int:
@@ -157,6 +159,7 @@ def plan_id(machine: str, model: ModelSpec, options: RunOptions, layout: Layout,
     key = json.dumps({
         "machine": machine, "model": model.model_dump(mode="json"), "options": options.model_dump(mode="json"),
         "layout": list(layout.sizes), "micro_batch": micro_batch, "recompute": recompute, "cache": cache_weights,
+        **({} if layout.order == DEFAULT_ORDER else {"tp_order": order_name(layout.order)}),
     }, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 

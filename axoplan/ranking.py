@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import AXIS_DEFS
+from axoplan.axes import AXIS_DEFS, order_name
 from axoplan.candidates import Candidates
 from axoplan.cost.model import Prediction, predict
 from axoplan.errors import AxoplanError
@@ -68,6 +68,7 @@ class Ranking:
         c = self.candidates
         rec: dict[str, Any] = {a.field: int(getattr(c, a.field)[i]) for a in AXIS_DEFS}
         rec |= {
+            "tp_order": order_name(c.order(i)),
             "micro_batch": int(c.micro_batch[i]), "recompute": bool(c.recompute[i]),
             "cache_weights": bool(c.cache_weights[i]), "feasible": bool(self.reason[i] == 0),
             "reason": self.reason_text(i),
@@ -79,6 +80,8 @@ class Ranking:
         """Best-ranked candidate with this layout (its micro-batch and options as searched)."""
         c = self.candidates
         mask = np.logical_and.reduce([getattr(c, a.field) == layout.size(a.name) for a in AXIS_DEFS])
+        if layout.order in c.orders:  # a layout names its rank order (the default unless it says otherwise)
+            mask &= c.order_id == c.orders.index(layout.order)
         hits = self.order[mask[self.order]]
         if hits.size == 0:
             raise AxoplanError(f"layout {layout} is not among the candidates of {self.world_size} GPUs; "

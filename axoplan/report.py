@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from axoplan.axes import AXIS_DEFS, FIELDS, LABELS
+from axoplan.axes import AXIS_DEFS, FIELDS, LABELS, order_name
 from axoplan.cost.model import CollectiveTerm
 from axoplan.layout import Layout
 from axoplan.ranking import Ranking
@@ -54,11 +54,11 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
             f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
-    headers = ["rank", *LABELS, "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
+    headers = ["rank", *LABELS, "order", "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
                "exposed comm s", "mem GB/GPU"]
     shows_interval = "p_best" in r.prediction.columns and not infeasible
     if shows_interval:
-        headers[len(LABELS) + 4:len(LABELS) + 4] = ["interval s", "P(best)"]
+        headers[len(LABELS) + 5:len(LABELS) + 5] = ["interval s", "P(best)"]
     if tokens is not None:
         from axoplan.budget import format_tokens
 
@@ -71,10 +71,10 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
         rec = r.row(i)
         timed = [f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
                  f"{rec['t_comm_exposed_s']:.3f}"] if r.has_time(i) else ["-"] * 4
-        cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "micro_batch")), _options_label(rec), *timed,
+        cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "tp_order", "micro_batch")), _options_label(rec), *timed,
                  f"{rec['mem_total_bytes'] / _GB:.1f}"]
         if shows_interval:
-            at = len(FIELDS) + 4  # after rank, the axes, micro-batch, options and s/iter
+            at = len(FIELDS) + 5  # after rank, the axes, order, micro-batch, options and s/iter
             cells[at:at] = [_interval_text(rec), f"{rec['p_best']:.2f}" + ("=" if rec["tied"] else "")]
         if tokens is not None:
             cells += _cost_cells(r, rec["t_step_s"], tokens) if r.has_time(i) else ["-"] * 3
@@ -83,7 +83,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
         rows.append(cells)
     if not rows:
         return head + "\n(no rows)"
-    right = [True] * (len(LABELS) + 2) + [False] + [True] * (7 if shows_interval else 5) + \
+    right = [True] * (len(LABELS) + 1) + [False, True, False] + [True] * (7 if shows_interval else 5) + \
         [True] * (3 if tokens is not None else 0) + ([False] if infeasible else [])
     foot = "\n" + _INTERVAL_NOTE if shows_interval else ""
     return head + "\n\n" + text_table(headers, rows, right) + foot
@@ -135,8 +135,8 @@ def format_json(r: Ranking, rows: Sequence[int]) -> str:
 
 
 def _sizes_label(lay: Layout) -> str:
-    """'Gx=4 Gy=8 Gz=512 Gdata=2'."""
-    return " ".join(f"{a.label}={lay.size(a.name)}" for a in AXIS_DEFS)
+    """'Gx=4 Gy=8 Gz=512 Gdata=2, order xyz' (the tensor-parallel order, innermost first)."""
+    return " ".join(f"{a.label}={lay.size(a.name)}" for a in AXIS_DEFS) + f", order {order_name(lay.order)}"
 
 
 def format_explain(r: Ranking, i: int) -> str:

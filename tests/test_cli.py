@@ -19,13 +19,15 @@ def test_rank_the_headline_command():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     # 816 layouts x 4 micro-batches x 2 recompute x 2 caching, less caching on the C(17, 2) = 136 layouts
-    # with Gz = 1 (nothing is gathered there): 13056 - 136 x 4 x 2 = 11968
-    assert "11968 candidates" in lines[0]
+    # with Gz = 1 (nothing is gathered there): 13056 - 136 x 4 x 2 = 11968 in AxoNN's order; each
+    # layout once per distinct tensor-parallel order (k! for k of X, Y, Z above 1): 52568
+    assert searched_candidates(32768, micro_batches=4) == 52568
+    assert "52568 candidates" in lines[0]
     rows = [ln.split() for ln in lines if ln.strip() and ln.split()[0].isdigit()]
     assert [row[0] for row in rows] == ["1", "2", "3", "4", "5"]
     for row in rows:
         assert int(row[1]) * int(row[2]) * int(row[3]) * int(row[4]) == 32768
-    times = [float(row[7]) for row in rows]
+    times = [float(row[8]) for row in rows]  # rank, 4 sizes, order, mbs, options, s/iter
     assert times == sorted(times)
 
 
@@ -46,9 +48,9 @@ def test_out_writes_every_candidate_and_never_overwrites(tmp_path: Path):
     args = ("rank", "--model", "5B", "--gpus", "64", "--machine", "alps", "--out", str(out))
     assert run_cli(*args).returncode == 0
     rows = list(csv.DictReader(out.open()))
-    # C(6+3, 3) = 84 layouts of 2^6, x micro-batch x recompute x cache, less caching on the C(6+2, 2) = 28
-    # layouts with Gz = 1, where it is a no-op
-    assert len(rows) == 84 * 4 * 2 * 2 - 28 * 4 * 2
+    # C(6+3, 3) = 84 layouts of 2^6, each in its k! distinct tensor-parallel orders, x micro-batch x
+    # recompute x cache, less caching where Gz = 1 (a no-op there)
+    assert len(rows) == searched_candidates(64, micro_batches=4)
     before = out.read_bytes()
     again = run_cli(*args)
     assert again.returncode == 2 and "already exists" in again.stderr and "--force" in again.stderr
@@ -123,3 +125,15 @@ def test_machines_and_models_lists():
     assert m.returncode == 0 and "frontier" in m.stdout and "perlmutter-80gb" in m.stdout
     p = run_cli("models")
     assert p.returncode == 0 and "llama3.1-405B" in p.stdout and "405.9B" in p.stdout
+
+
+def searched_candidates(world: int, micro_batches: int) -> int:
+    """Rows `rank` searches: per layout k! tensor-parallel orders (k of X, Y, Z above 1), times
+    micro-batches, recompute on/off and caching on/off (caching only where Gz > 1)."""
+    import math
+
+    from axoplan.layout import ordered_factorizations
+
+    gx, gy, gz, _ = ordered_factorizations(world)
+    return sum(math.factorial(int(x > 1) + int(y > 1) + int(z > 1)) * micro_batches * 2 * (2 if z > 1 else 1)
+               for x, y, z in zip(gx, gy, gz, strict=True))

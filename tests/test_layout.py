@@ -55,11 +55,28 @@ def test_enumeration_matches_divisor_function(g: int):
 
 
 def test_candidates_cross_options():
-    opts = RunOptions(micro_batches=(1, 2, 4), recompute="search", cache_weights="on")
+    opts = RunOptions(micro_batches=(1, 2, 4), recompute="search", cache_weights="on", tp_order="xyz")
     c = Candidates.enumerate(64, opts)
     assert len(c) == ordered_factorizations(64)[0].size * 3 * 2
     assert set(c.micro_batch.tolist()) == {1, 2, 4}
     assert c.cache_weights.all()
+
+
+def test_every_distinct_tensor_parallel_order_is_searched_once():
+    """A layout with k tensor-parallel axes above 1 has k! distinct placements (an axis of size 1
+    can sit anywhere without moving the others' strides): 1, 1, 2 or 6 orders."""
+    import math
+
+    opts = RunOptions(micro_batches=(1,), recompute="off", cache_weights="on")
+    c = Candidates.enumerate(64, opts)
+    gx, gy, gz, _ = ordered_factorizations(64)
+    expected = sum(math.factorial(int(x > 1) + int(y > 1) + int(z > 1)) for x, y, z in zip(gx, gy, gz, strict=True))
+    assert len(c) == expected
+    seen = {(int(c.gx[i]), int(c.gy[i]), int(c.gz[i]), int(c.gdata[i]), tuple(int(v[i]) for v in c.strides().values()))
+            for i in range(len(c))}
+    assert len(seen) == len(c)  # no two rows place the same layout the same way
+    two = [c.order(i) for i in range(len(c)) if (c.gx[i], c.gy[i], c.gz[i]) == (2, 1, 4)]
+    assert len(two) == 2 and ("x", "y", "z", "data") in two  # the default order is the one kept
 
 
 def test_divisors():
@@ -137,22 +154,25 @@ def test_a_rank_order_that_is_not_a_permutation_is_refused():
         Layout(2, 2, 1, 1, order=("x", "x", "z", "data"))
 
 
-@given(ORDERS)
-@settings(max_examples=12)
-def test_vectorised_strides_are_each_layouts(order: list[str]):
-    """The candidate table's strides (one array per axis) equal each layout's own strides."""
-    c = Candidates.enumerate(24, RunOptions(micro_batches=(1,), recompute="off", cache_weights="off"),
-                             order=tuple(order))
+@pytest.mark.parametrize("tp_order", ["search", "xyz", "zxy", "yzx"])
+def test_vectorised_strides_are_each_layouts(tp_order: str):
+    """The candidate table's strides (one array per axis) equal each layout's own strides, in
+    its own order (one fixed order, or all of them searched)."""
+    c = Candidates.enumerate(24, RunOptions(micro_batches=(1,), recompute="off", cache_weights="off",
+                                            tp_order=tp_order))
     strides = c.strides()
     for i in range(len(c)):
         lay = c.layout(i)
-        assert lay.order == tuple(order)
+        if tp_order != "search":
+            assert lay.order == (*tp_order, "data")
         assert {a: int(strides[a][i]) for a in AXES} == {a: lay.stride(a) for a in AXES}
 
 
 def test_plan_fields_and_table_headers_follow_the_axes():
     from axoplan.plan import LayoutSpec
 
-    assert tuple(LayoutSpec.model_fields) == tuple(a.field for a in AXIS_DEFS)
+    assert tuple(LayoutSpec.model_fields) == (*(a.field for a in AXIS_DEFS), "tp_order")
     assert LayoutSpec.of(Layout(2, 3, 4, 5)).to_layout() == Layout(2, 3, 4, 5)
+    permuted = Layout(2, 3, 4, 5, order=("z", "x", "y", "data"))
+    assert LayoutSpec.of(permuted).tp_order == "zxy" and LayoutSpec.of(permuted).to_layout() == permuted
     assert set(Layout(2, 3, 4, 5).to_axonn_init()) == {"G_inter", *(a.axonn_init for a in AXIS_DEFS)}

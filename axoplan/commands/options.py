@@ -83,6 +83,8 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("overlap_all_gather", ("--oag/--no-oag",), bool, True, "Prefetch Z all-gathers (OAG)."),
     Flag("overlap_forward_all_reduce", ("--overlap-forward-all-reduce/--no-overlap-forward-all-reduce",), bool,
          False, "2-chunk forward all-reduce overlap."),
+    Flag("tp_order", ("--tp-order",), str, "search",
+         "Tensor-parallel rank order, innermost first: xyz (AxoNN's default), any permutation, or search all."),
     Flag("concurrent_z", ("--concurrent-z/--no-concurrent-z",), bool, False,
          "A second Z communicator: backward Z all-gathers and reduce-scatters run at once."),
     Flag("attention", ("--attention",), Attention, Attention.flash,

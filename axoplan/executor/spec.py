@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
 
+from axoplan.axes import DEFAULT_ORDER
 from axoplan.errors import AxoplanError
 from axoplan.model import ModelSpec
 from axoplan.options import RunOptions
@@ -141,6 +142,9 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
     lay = plan.layout.to_layout()
     one = Candidates.single(lay, plan.micro_batch, plan.recompute, plan.cache_weights)
     problems = check(plan.model, plan.options, one, engine).texts(0)
+    if engine == "axonn" and lay.order != DEFAULT_ORDER:
+        raise AxoplanError(f"AxoNN 0.2.0 has X innermost only (tensor_parallel_order is on its Gordon Bell branch); "
+                           f"layout {lay} needs the native engine, or export with --tp-order xyz")
     if engine == "axonn" and plan.options.concurrent_z:
         raise AxoplanError("AxoNN 0.2.0 has no second Z communicator (--concurrent-z is on its Gordon Bell branch "
                            "only); run with the native engine, or export without --concurrent-z")

@@ -64,11 +64,13 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
 
 
 def folder_label(plan: LaunchConfig) -> str:
-    """``x4-y8-z512-d2``: the layout with its axis names, safe in a file name."""
+    """``x4-y8-z512-d2``: the layout with its axis names, safe in a file name; ``-zxy`` is added
+    when the tensor-parallel order is not AxoNN's default."""
     from axoplan.axes import AXIS_DEFS
 
     lay = plan.layout.to_layout()
-    return "-".join(f"{a.name[0]}{lay.size(a.name)}" for a in AXIS_DEFS)
+    label = "-".join(f"{a.name[0]}{lay.size(a.name)}" for a in AXIS_DEFS)
+    return label if plan.layout.tp_order == "xyz" else f"{label}-{plan.layout.tp_order}"
 
 
 def _checked_plan(source: Any, i: int, machine_ref: str, tokens: int | None) -> LaunchConfig:

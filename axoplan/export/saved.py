@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, PositiveInt, ValidationError
 
+from axoplan.axes import parse_tp_order
 from axoplan.errors import AxoplanError
 from axoplan.layout import Layout
 from axoplan.machine import Machine
@@ -34,6 +35,7 @@ class SavedRow(Frozen):
     gy: PositiveInt
     gz: PositiveInt
     gdata: PositiveInt
+    tp_order: str = Field("xyz", pattern="^(xyz|xzy|yxz|yzx|zxy|zyx)$")
     micro_batch: PositiveInt
     recompute: bool
     cache_weights: bool
@@ -74,7 +76,7 @@ class SavedRanking:
 
     def layout(self, i: int) -> Layout:
         r = self.rows[i]
-        return Layout(r.gx, r.gy, r.gz, r.gdata)
+        return Layout(r.gx, r.gy, r.gz, r.gdata, order=parse_tp_order(r.tp_order))
 
     def row(self, i: int) -> dict[str, Any]:
         """Row i as :meth:`axoplan.ranking.Ranking.row` gives it (without the 'rank' column)."""

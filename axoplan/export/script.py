@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from axoplan.axes import AXIS_DEFS
+from axoplan.axes import AXIS_DEFS, axonn_order
 from axoplan.budget import describe_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.job import (
@@ -106,10 +106,12 @@ def payload_env(plan: LaunchConfig, settings: JobSettings) -> dict[str, str]:
     """The AXOPLAN_* variables every script exports for its payload (names documented in docs/export.md).
 
     The AxoNN ones are ``AXOPLAN_`` + the upper-cased ``axonn.init`` keyword
-    (``AXOPLAN_G_INTRA_C`` = Gx, ...), taken from the launch config's ``axonn_init``.
+    (``AXOPLAN_G_INTRA_C`` = Gx, ...), taken from the launch config's ``axonn_init``;
+    ``AXOPLAN_TP_ORDER`` is AxoNN's ``tensor_parallel_order`` (``c,r,d`` = X innermost, the default).
     """
     env = {f"{ENV_PREFIX}PLAN_ID": plan.plan_id}
     env.update({ENV_PREFIX + key.upper(): str(value) for key, value in plan.axonn_init.items()})
+    env[f"{ENV_PREFIX}TP_ORDER"] = ",".join(axonn_order(plan.layout.to_layout().order))
     env.update({
         f"{ENV_PREFIX}MICRO_BATCH": str(plan.micro_batch),
         f"{ENV_PREFIX}GRAD_ACCUM_STEPS": str(plan.grad_accum_steps),
@@ -156,7 +158,8 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
     lines = [
         f"# axoplan export, rank {rank}: {plan.model.name} on {plan.world_size} x {machine.device.name} "
         f"({machine.name}), {values['nodes']} nodes",
-        f"# layout {' '.join(f'{a.label}={getattr(lay, a.field)}' for a in AXIS_DEFS)}; axonn.init({init})",
+        f"# layout {' '.join(f'{a.label}={getattr(lay, a.field)}' for a in AXIS_DEFS)}, tensor-parallel order "
+        f"{lay.tp_order}; axonn.init({init})",
         f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
         f"{'es' if plan.grad_accum_steps > 1 else ''} per step; "
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",

@@ -1,9 +1,9 @@
 #!/bin/bash
 # axoplan export, rank 1: 40B on 256 x NVIDIA GH200 (H100 96GB) (alps), 64 nodes
-# layout Gx=4 Gy=4 Gz=4 Gdata=4; axonn.init(G_inter=1 G_data=4 G_intra_r=4 G_intra_c=4 G_intra_d=4)
+# layout Gx=4 Gy=4 Gz=4 Gdata=4, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=4 G_intra_r=4 G_intra_c=4 G_intra_d=4)
 # micro-batch 1, no recompute, cached weights, 128 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 9.000 s/iteration x 100 iterations + 10 min margin = wall time 00:25:00
-# plan b90c6c3920b3; its launch config is plan.json, next to this script
+# plan f0e88a83f66e; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH --account=<ACCOUNT>
 #SBATCH --partition=normal
@@ -40,12 +40,13 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=b90c6c3920b3
+export AXOPLAN_PLAN_ID=f0e88a83f66e
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=4
 export AXOPLAN_G_INTRA_R=4
 export AXOPLAN_G_INTRA_C=4
 export AXOPLAN_G_INTRA_D=4
+export AXOPLAN_TP_ORDER=c,r,d
 export AXOPLAN_MICRO_BATCH=1
 export AXOPLAN_GRAD_ACCUM_STEPS=128
 export AXOPLAN_GLOBAL_BATCH=2048

@@ -1,9 +1,9 @@
 #!/bin/bash
 # axoplan export, rank 1: 80B on 128 x NVIDIA H100-SXM5-80GB (dgx-h100), 16 nodes
-# layout Gx=8 Gy=1 Gz=4 Gdata=4; axonn.init(G_inter=1 G_data=4 G_intra_r=1 G_intra_c=8 G_intra_d=4)
+# layout Gx=8 Gy=1 Gz=4 Gdata=4, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=4 G_intra_r=1 G_intra_c=8 G_intra_d=4)
 # micro-batch 2, no recompute, cached weights, 64 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 20.000 s/iteration x 100 iterations + 10 min margin = wall time 00:44:00
-# plan 569915f154c1; its launch config is plan.json, next to this script
+# plan 82eef6212cd7; its launch config is plan.json, next to this script
 # run from this folder on each of the 16 nodes at once:
 #   MASTER_ADDR=<first node> bash job.sh
 
@@ -21,12 +21,13 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=569915f154c1
+export AXOPLAN_PLAN_ID=82eef6212cd7
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=4
 export AXOPLAN_G_INTRA_R=1
 export AXOPLAN_G_INTRA_C=8
 export AXOPLAN_G_INTRA_D=4
+export AXOPLAN_TP_ORDER=c,r,d
 export AXOPLAN_MICRO_BATCH=2
 export AXOPLAN_GRAD_ACCUM_STEPS=64
 export AXOPLAN_GLOBAL_BATCH=2048

@@ -1,10 +1,10 @@
 #!/bin/bash
 # axoplan export, rank 1: 20B on 256 x AMD MI250X GCD (frontier), 32 nodes
-# layout Gx=4 Gy=1 Gz=8 Gdata=8; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
+# layout Gx=4 Gy=1 Gz=8 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
 # micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 7.250 s/iteration x 11834 iterations + 10 min margin = wall time 24:00:00
 # time to train 300B tokens: 71,526 steps, 6.0 days on 32 nodes = 4,609 node-hours (36,876 GPU-hours)
-# plan ef622c0bd7da; its launch config is plan.json, next to this script
+# plan 443f18f27ff2; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>
 #SBATCH -p extended
@@ -55,12 +55,13 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=ef622c0bd7da
+export AXOPLAN_PLAN_ID=443f18f27ff2
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=8
 export AXOPLAN_G_INTRA_R=1
 export AXOPLAN_G_INTRA_C=4
 export AXOPLAN_G_INTRA_D=8
+export AXOPLAN_TP_ORDER=c,r,d
 export AXOPLAN_MICRO_BATCH=2
 export AXOPLAN_GRAD_ACCUM_STEPS=16
 export AXOPLAN_GLOBAL_BATCH=2048

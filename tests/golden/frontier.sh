@@ -1,9 +1,9 @@
 #!/bin/bash
 # axoplan export, rank 1: 320B on 32768 x AMD MI250X GCD (frontier), 4096 nodes
-# layout Gx=4 Gy=8 Gz=512 Gdata=2; axonn.init(G_inter=1 G_data=2 G_intra_r=8 G_intra_c=4 G_intra_d=512)
+# layout Gx=4 Gy=8 Gz=512 Gdata=2, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=2 G_intra_r=8 G_intra_c=4 G_intra_d=512)
 # micro-batch 1, no recompute, cached weights, 2 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 12.500 s/iteration x 100 iterations + 20.24 min margin = wall time 00:42:00
-# plan 88ea5982995b; its launch config is plan.json, next to this script
+# plan 6148934a947a; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>
 #SBATCH -p batch
@@ -60,12 +60,13 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=88ea5982995b
+export AXOPLAN_PLAN_ID=6148934a947a
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=2
 export AXOPLAN_G_INTRA_R=8
 export AXOPLAN_G_INTRA_C=4
 export AXOPLAN_G_INTRA_D=512
+export AXOPLAN_TP_ORDER=c,r,d
 export AXOPLAN_MICRO_BATCH=1
 export AXOPLAN_GRAD_ACCUM_STEPS=2
 export AXOPLAN_GLOBAL_BATCH=2048

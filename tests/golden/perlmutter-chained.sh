@@ -1,9 +1,9 @@
 #!/bin/bash
 # axoplan export, rank 1: 20B on 256 x NVIDIA A100-SXM4-40GB (perlmutter), 64 nodes
-# layout Gx=4 Gy=1 Gz=8 Gdata=8; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
+# layout Gx=4 Gy=1 Gz=8 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
 # micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 7.250 s/iteration x 23751 iterations + 10 min margin = wall time 48:00:00
-# plan a2d0ff184274; its launch config is plan.json, next to this script
+# plan 195fd9c6257b; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>
 #SBATCH -C gpu
@@ -44,12 +44,13 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=a2d0ff184274
+export AXOPLAN_PLAN_ID=195fd9c6257b
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=8
 export AXOPLAN_G_INTRA_R=1
 export AXOPLAN_G_INTRA_C=4
 export AXOPLAN_G_INTRA_D=8
+export AXOPLAN_TP_ORDER=c,r,d
 export AXOPLAN_MICRO_BATCH=2
 export AXOPLAN_GRAD_ACCUM_STEPS=16
 export AXOPLAN_GLOBAL_BATCH=2048
