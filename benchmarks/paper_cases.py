@@ -1,0 +1,62 @@
+"""The AxoNN paper's cases ranked with and without the options its record runs used.
+
+    python benchmarks/paper_cases.py            # prints the markdown table of docs/paper-cases.md
+
+For each case (model, GPUs, machine, global batch): the best layout and its predicted step
+time, TFLOP/s per GPU and 80 % interval, first as AxoNN 0.2.0 runs (X innermost, one Z
+communicator, untuned GEMMs), then with each option of the Gordon Bell branches alone, then all
+together. Every figure is a prediction of the shipped, uncalibrated machine YAMLs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from axoplan.machine import load_machine
+from axoplan.model import load_model
+from axoplan.options import RunOptions
+from axoplan.ranking import rank
+from axoplan.uncertainty import with_intervals
+
+CASES: tuple[tuple[str, int, str, int, str], ...] = (
+    ("320B", 32768, "frontier", 2048, "the paper's 1.381 EFLOP/s run (batch not published; 2048 x 2048 assumed)"),
+    ("320B", 6144, "alps", 3072, "6,144 = 3 x 2^11 GPUs: a batch with the factor 3 the layouts need"),
+    ("80B", 4096, "perlmutter", 2048, "the Megatron-AxoNN launcher's example (4,096 GPUs, batch 2048)"),
+    ("llama3.1-405B", 32768, "frontier", 2048, "Llama 3.1 405B on all 32,768 GCDs"),
+)
+BASE: dict[str, Any] = {"tp_order": "xyz", "concurrent_z": False}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "AxoNN 0.2.0": {},
+    "+ order search": {"tp_order": "search"},
+    "+ concurrent Z": {"concurrent_z": True},
+}
+if "tuned_gemm" in RunOptions.model_fields:
+    BASE["tuned_gemm"] = False
+    VARIANTS["+ tuned GEMMs"] = {"tuned_gemm": True}
+VARIANTS["all options"] = {k: v for d in list(VARIANTS.values())[1:] for k, v in d.items()}
+
+
+def best(model: str, gpus: int, machine: str, batch: int, variant: dict[str, Any]) -> dict[str, Any]:
+    opts = RunOptions(global_batch=batch, **{**BASE, **variant})
+    r = with_intervals(rank(load_model(model), load_machine(machine), opts, gpus))
+    row = r.row(int(r.order[0]))
+    lay = r.candidates.layout(int(r.order[0]))
+    return {"layout": f"{lay} mb{row['micro_batch']}", "t": row["t_step_s"], "tflops": row["tflops_per_gpu"],
+            "low": row["t_low_s"], "high": row["t_high_s"]}
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    print("| case | options | best layout | s/iter | 80 % interval | TFLOP/s/GPU |")
+    print("|---|---|---|---:|---:|---:|")
+    for model, gpus, machine, batch, _ in CASES:
+        for name, variant in VARIANTS.items():
+            b = best(model, gpus, machine, batch, variant)
+            print(f"| {model}, {gpus:,} GPUs, {machine}, batch {batch} | {name} | `{b['layout']}` | {b['t']:.2f} | "
+                  f"{b['low']:.2f}-{b['high']:.2f} | {b['tflops']:.1f} |")
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
