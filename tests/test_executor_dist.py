@@ -69,6 +69,9 @@ CASES_4 = {
     "y4-ors-with-y": tiny_plan(Layout(1, 4, 1, 1), ors=True),
     "d4-data-only": tiny_plan(Layout(1, 1, 1, 4), accum=2),
     "z2d2-shards-padded": tiny_plan(Layout(1, 1, 2, 2), hidden=33, num_heads=3, oag=True, ors=True, cache=True),
+    "x2y2-tuned-gemm": tiny_plan(Layout(2, 2, 1, 1), tuned=True, oar=True),
+    "x2z2-tuned-gemm-fwd-overlap-recompute": tiny_plan(Layout(2, 1, 2, 1), tuned=True, fwd=True, recompute=True,
+                                                       ors=True, oag=True, micro_batch=2),
 }
 
 
@@ -110,6 +113,8 @@ CASES_8 = {
     "x2y2z2-everything-on": tiny_plan(Layout(2, 2, 2, 1), oar=True, ors=True, oag=True, fwd=True, recompute=True,
                                       cache=True),
     "x2y2z2-everything-off": tiny_plan(Layout(2, 2, 2, 1)),
+    "x2y2z2-everything-on-tuned-gemm": tiny_plan(Layout(2, 2, 2, 1), oar=True, ors=True, oag=True, fwd=True,
+                                                 recompute=True, cache=True, tuned=True),
     "x2z2d2-recompute-oag-accum": tiny_plan(Layout(2, 1, 2, 2), recompute=True, oag=True, ors=True, accum=2),
     "y2z2d2-cache-mb2": tiny_plan(Layout(1, 2, 2, 2), cache=True, oag=True, micro_batch=2, seq_len=4),
     "z8-shards-padded": tiny_plan(Layout(1, 1, 8, 1), hidden=34, num_heads=2, oag=True, ors=True, recompute=True),

@@ -15,11 +15,13 @@ dW         ``dY.T @ x``  (n, k, m)    tn
 AxoNN's tuner (``axonn/intra_layer/tuned_matmul.py``, branch ``add-timers-gordon-bell``)
 times, per phase and shape, the variants ``default`` (the call as is), ``nn``, ``nt``, ``tn``
 (an operand materialised in the other memory order, ``X.t().contiguous().t()``) in two
-formulations, ``C = A·B`` and ``Cᵀ = Bᵀ·Aᵀ`` (shape ``(n, m, k)``, returned as a transposed
-view), and keeps the fastest. It tunes the forward and the dX GEMMs, not dW. Here a
-variant costs its GEMM in the orientation it runs plus the copy of each operand it
-re-lays (read and write, memory-bound); ``default`` is among the candidates, so a tuned
-GEMM is never slower than the untuned one.
+formulations, ``C = A·B`` and ``Cᵀ = Bᵀ·Aᵀ`` (shape ``(n, m, k)``), and keeps the fastest.
+It tunes the forward and the dX GEMMs, not dW. Here a variant costs its GEMM in the
+orientation it runs plus the copy of each operand it re-lays (read and write,
+memory-bound), and the swapped formulation the copy of ``Cᵀ`` back to row-major
+(``axoplan.executor.tuned_matmul`` makes it: the collectives that follow need contiguous
+tensors). ``default`` is among the candidates, so a tuned GEMM is never slower than the
+untuned one.
 """
 
 from __future__ import annotations
@@ -73,9 +75,9 @@ def tuned_gemm_s(machine: Machine, m: Floats, n: Floats, k: Floats, natural: Ori
     best = _variant_s(machine, m, n, k, natural, "default")
     for variant in VARIANTS[1:]:
         best = np.minimum(best, _variant_s(machine, m, n, k, natural, variant))
-    swapped = _swapped(natural)
+    swapped, copy_back = _swapped(natural), memory_bound_s(machine, 2.0 * BYTES_BF16 * m * n)
     for variant in VARIANTS:
-        best = np.minimum(best, _variant_s(machine, n, m, k, swapped, variant))
+        best = np.minimum(best, _variant_s(machine, n, m, k, swapped, variant) + copy_back)
     return best
 
 

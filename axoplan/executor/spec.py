@@ -138,6 +138,9 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
     lay = plan.layout.to_layout()
     one = Candidates.single(lay, plan.micro_batch, plan.recompute, plan.cache_weights)
     problems = check(plan.model, plan.options, one, engine).texts(0)
+    if engine == "axonn" and plan.options.tuned_gemm:
+        problems.append("AxoNN's released linears have no GEMM tuner (it lives on its add-timers-gordon-bell "
+                        "branch); run the native engine or plan without --tuned-gemm")
     if problems:
         raise AxoplanError(f"layout {lay} cannot run {plan.model.name}: {'; '.join(problems)} "
                            f"(choose another layout, or scale the model with --hidden/--layers/--seq-len)")
