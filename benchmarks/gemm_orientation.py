@@ -10,7 +10,9 @@ dX ``dY @ W``, dW ``dY.T @ x``):
   laid out (no copy), as achieved GFLOP/s and relative to ``nn``: what
   ``gemm.orientation_efficiency`` in a machine YAML describes;
 * the phase as torch calls it, and the fastest of AxoNN's tuner candidates (formulation ×
-  variant, re-layout copies included, ``axoplan.executor.tuned_matmul``): the tuner's gain.
+  variant, re-layout copies included, ``axoplan.executor.tuned_matmul``): the tuner's gain;
+* the noise floor: the variant that re-lays nothing (the call's own orientation) against
+  ``default``, the same computation timed twice.
 
 Times are medians of `--repeats` runs of `--inner` calls each, after warm-up.
 """
@@ -76,14 +78,15 @@ def measure(hidden: int, tokens: int, dtype: torch.dtype, repeats: int, inner: i
         rows.append({"layer": layer, "phase": phase, "m": m, "n": n, "k": k, "natural": natural,
                      "gflops": {o: flops / s / 1e9 for o, s in per.items()},
                      "relative": {o: per["nn"] / s for o, s in per.items()},
-                     "as_called_s": tuned["ab", "default"], "tuned_s": tuned[best], "choice": best})
+                     "as_called_s": tuned["ab", "default"], "tuned_s": tuned[best], "choice": best,
+                     "twin": tuned["ab", natural] / tuned["ab", "default"]})
     return rows
 
 
 def report(rows: list[dict[str, object]]) -> str:
     head = ("| layer | phase | m×n×k | as called | GFLOP/s nn / nt / tn / tt | relative to nn: nt / tn / tt "
-            "| tuner's pick | tuned ÷ as called |")
-    lines = [head, "|" + "---|" * 8]
+            "| tuner's pick | tuned ÷ as called | noise: twin ÷ as called |")
+    lines = [head, "|" + "---|" * 9]
     for r in rows:
         g, rel = r["gflops"], r["relative"]
         assert isinstance(g, dict) and isinstance(rel, dict)
@@ -91,7 +94,7 @@ def report(rows: list[dict[str, object]]) -> str:
         lines.append(f"| {r['layer']} | {r['phase']} | {r['m']}×{r['n']}×{r['k']} | {r['natural']} "
                      f"| {' / '.join(f'{g[o]:.1f}' for o in ORIENTATIONS)} "
                      f"| {' / '.join(f'{rel[o]:.2f}' for o in ORIENTATIONS[1:])} "
-                     f"| {'/'.join(r['choice'])} | {gains:.2f} |")  # type: ignore[arg-type]
+                     f"| {'/'.join(r['choice'])} | {gains:.2f} | {r['twin']:.2f} |")  # type: ignore[arg-type]
     return "\n".join(lines)
 
 
