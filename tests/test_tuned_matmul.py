@@ -63,6 +63,30 @@ def test_the_first_call_per_signature_tunes_and_later_calls_reuse_it() -> None:
     assert all(f in FORMULATIONS and v in VARIANTS for f, v in tuner.choices.values())
 
 
+def test_a_candidate_that_cannot_win_stops_being_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variant but (ab, tn) sleeps 20 ms a call: one call each puts (ab, tn) first, it runs in full
+    (1 ordering call, 1 warm-up, 10 trials) and is chosen; each other one is cut at its warm-up call,
+    more than twice the best's mean trial."""
+    import time
+
+    import axoplan.executor.tuned_matmul as tm
+
+    calls: dict[tuple[str, str], int] = {}
+
+    def fake(a: torch.Tensor, b: torch.Tensor, formulation: str, variant: str) -> torch.Tensor:
+        calls[formulation, variant] = calls.get((formulation, variant), 0) + 1
+        if (formulation, variant) != ("ab", "tn"):
+            time.sleep(0.02)
+        return a @ b
+
+    monkeypatch.setattr(tm, "run_variant", fake)
+    tuner = GemmTuner(warmup=1, trials=10)
+    a, b = operands(8, 8, 8, False, True)
+    assert tuner._tune(a, b) == ("ab", "tn")
+    assert calls.pop(("ab", "tn")) == 12
+    assert calls == dict.fromkeys(calls, 2) and len(calls) == 7
+
+
 def test_two_tuners_share_no_state() -> None:
     first, second = GemmTuner(warmup=0, trials=1), GemmTuner(warmup=0, trials=1)
     a, b = operands(16, 16, 16, False, False)
