@@ -25,7 +25,8 @@ from axoplan.fileio import check_readable
 from axoplan.launcher import LauncherSpec
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
-__all__ = ["Machine", "load_machine", "shipped_machines", "machines_dir"]
+__all__ = ["Machine", "load_machine", "shipped_machines", "machines_dir", "Orientation", "ORIENTATIONS",
+           "OrientationEfficiency"]
 
 Fraction = float
 
@@ -107,13 +108,34 @@ class InterNode(Frozen):
         return self.nics_per_node * self.nic_bandwidth_gbs
 
 
+Orientation = Literal["nn", "nt", "tn", "tt"]
+"""Operand layouts of ``C = A·B`` as torch hands them to BLAS: per operand ``n`` (row-major, as
+stored) or ``t`` (a transposed view of row-major memory); first letter A, second B."""
+
+ORIENTATIONS: tuple[Orientation, ...] = ("nn", "nt", "tn", "tt")
+
+
 class GemmPoint(Frozen):
-    """One measured GEMM: local shape and achieved efficiency (fraction of peak)."""
+    """One measured GEMM: local shape, operand layouts and achieved efficiency (fraction of peak)."""
 
     m: PositiveInt
     n: PositiveInt
     k: PositiveInt
     efficiency: float = Field(gt=0, le=1)
+    orientation: Orientation = Field("nn", description="Operand layouts it was measured with (nn: a @ b of "
+                                     "contiguous tensors).")
+
+
+class OrientationEfficiency(Frozen):
+    """GEMM efficiency of each operand layout relative to ``nn``; 1 (no penalty) unless measured."""
+
+    nn: PositiveFloat = 1.0
+    nt: PositiveFloat = 1.0
+    tn: PositiveFloat = 1.0
+    tt: PositiveFloat = 1.0
+
+    def of(self, orientation: Orientation) -> float:
+        return float(getattr(self, orientation))
 
 
 class GemmTile(Frozen):
@@ -131,13 +153,16 @@ class GemmModel(Frozen):
     ``max_efficiency`` is the fraction of peak one full wave of the best tile reaches.
     Without tiles (a CPU): ``eff = max_efficiency · Π_d d/(d + half_efficiency_dim)``. Either way
     a GEMM is never faster than its HBM traffic allows; a measured ``table`` (``axoplan probe``)
-    overrides both with the nearest measured shape.
+    overrides both with the nearest measured shape. ``orientation_efficiency`` scales the
+    efficiency by operand layout (relative to ``nn``, which the curve and an ``nn`` table
+    describe); table rows measured in an orientation take precedence over its factor.
     """
 
     max_efficiency: float = Field(gt=0, le=1)
     half_efficiency_dim: PositiveFloat = 96.0
     tiles: tuple[GemmTile, ...] = ()
     table: tuple[GemmPoint, ...] = ()
+    orientation_efficiency: OrientationEfficiency = OrientationEfficiency()
 
 
 class MeasuredBandwidth(Frozen):

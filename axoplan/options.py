@@ -50,6 +50,8 @@ class RunOptions(Frozen):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Data-parallel gradient all-reduce dtype (the AxoNN authors' model uses fp32)."
     )
+    tuned_gemm: bool = Field(
+        False, description="AxoNN's GEMM tuner: forward and dX GEMMs take their fastest operand layout.")
     framework: str = Field(
         "axonn", description="Framework profile (frameworks/<name>.yaml): host ops and kernels per block.")
 

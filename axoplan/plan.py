@@ -153,11 +153,21 @@ class LaunchConfig(Frozen):
         return cls.from_json(text, str(p))
 
 
+_LATER_OPTIONS = ("tuned_gemm",)
+"""Run options newer than the plan-id scheme: hashed only when not at their default."""
+
+
 def plan_id(machine: str, model: ModelSpec, options: RunOptions, layout: Layout, micro_batch: int,
             recompute: bool, cache_weights: bool) -> str:
-    """Short stable hash of everything that defines a plan; runs and predictions join on it."""
+    """Short stable hash of everything that defines a plan; runs and predictions join on it.
+
+    Options added later with their default left out, so earlier plans keep their ids."""
+    opts = options.model_dump(mode="json")
+    for name in _LATER_OPTIONS:
+        if opts.get(name) == RunOptions.model_fields[name].default:
+            opts.pop(name, None)
     key = json.dumps({
-        "machine": machine, "model": model.model_dump(mode="json"), "options": options.model_dump(mode="json"),
+        "machine": machine, "model": model.model_dump(mode="json"), "options": opts,
         "layout": list(layout.sizes), "micro_batch": micro_batch, "recompute": recompute, "cache": cache_weights,
         **({} if layout.order == DEFAULT_ORDER else {"tp_order": order_name(layout.order)}),
     }, sort_keys=True)

@@ -21,13 +21,14 @@ TINY = {"name": "tiny", "num_layers": 2, "hidden": 32, "num_heads": 4, "vocab": 
 
 def tiny_plan(layout: Layout, *, micro_batch: int = 1, accum: int = 1, recompute: bool = False, cache: bool = False,
               oar: bool = False, ors: bool = False, oag: bool = False, fwd: bool = False, seq_len: int = 8,
-              grad_reduce_dtype: str = "fp32", concurrent_z: bool = False, **model: Any) -> LaunchConfig:
+              grad_reduce_dtype: str = "fp32", concurrent_z: bool = False, tuned: bool = False,
+              **model: Any) -> LaunchConfig:
     """A plan of a 2-layer, width-32 GPT for `layout` (the vocabulary 61 gets padded)."""
     spec = ModelSpec(**{**TINY, **model})
     batch = layout.gdata * layout.gz * micro_batch * accum
     options = RunOptions(global_batch=batch, seq_len=seq_len, micro_batches=(micro_batch,), overlap_all_reduce=oar,
                          overlap_reduce_scatter=ors, overlap_all_gather=oag, overlap_forward_all_reduce=fwd,
-                         grad_reduce_dtype=grad_reduce_dtype, concurrent_z=concurrent_z)
+                         grad_reduce_dtype=grad_reduce_dtype, concurrent_z=concurrent_z, tuned_gemm=tuned)
     return LaunchConfig.build(machine="local-cpu", devices_per_node=8, model=spec, options=options, layout=layout,
                               micro_batch=micro_batch, recompute=recompute, cache_weights=cache)
 

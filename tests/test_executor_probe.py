@@ -18,6 +18,8 @@ from axoplan.executor.fragment import (
     group_shapes,
     merge_fragment,
     message_sizes,
+    orientation_speedups,
+    plan_gemm_phases,
     plan_gemm_shapes,
     render_fragment,
 )
@@ -41,6 +43,32 @@ def test_plan_gemm_shapes_are_the_local_blocks() -> None:
     assert (m, 16, 32) in shapes  # attn_out (transposed): k 32/Gy = 32, n 32/Gx = 16
     assert (m, 62, 16) in shapes  # LM head: padded vocab 62 over Gy = 1, hidden 32 over Gx
     assert len(shapes) == len(set(shapes))
+
+
+def test_plan_gemm_phases_name_every_layer_and_phase_that_runs_a_shape() -> None:
+    plan = tiny_plan(Layout(2, 1, 2, 1), micro_batch=2)
+    phases = plan_gemm_phases(plan)
+    assert list(phases) == plan_gemm_shapes(plan)
+    assert phases[16, 96, 16] == "qkv forward"
+    assert phases[96, 16, 16] == "qkv dw"
+
+
+def test_orientation_rows_and_their_median_speed_go_into_the_fragment() -> None:
+    """nn 1 ms on both shapes; nt twice as slow on one and as fast on the other (median 0.75); tn 4x slower."""
+    rows = [GemmTime(m=64, n=64, k=64, seconds=1e-3), GemmTime(m=128, n=64, k=64, seconds=1e-3),
+            GemmTime(m=64, n=64, k=64, orientation="nt", seconds=2e-3, label="qkv forward"),
+            GemmTime(m=128, n=64, k=64, orientation="nt", seconds=1e-3),
+            GemmTime(m=64, n=64, k=64, orientation="tn", seconds=4e-3)]
+    result = _result().model_copy(update={"gemms": tuple(rows)})
+    assert orientation_speedups(result) == {"nt": pytest.approx(0.75), "tn": pytest.approx(0.25)}
+    text = render_fragment(result, 0.1, "local-cpu", "now")
+    assert "qkv forward" in text
+    base = yaml.safe_load((machines_dir() / "local-cpu.yaml").read_text())
+    machine = Machine.model_validate(merge_fragment(base, yaml.safe_load(text)))
+    gemm = machine.gemm
+    assert gemm.orientation_efficiency.nt == pytest.approx(0.75) and gemm.orientation_efficiency.tt == 1.0
+    assert [p.orientation for p in gemm.table] == ["nn", "nn", "nt", "nt", "tn"]
+    assert gemm.table[4].efficiency == pytest.approx(gemm.table[0].efficiency / 4, rel=1e-3)
 
 
 def test_message_sizes_and_bus_bandwidth() -> None:
@@ -106,7 +134,11 @@ def test_probe_with_four_gloo_ranks(tmp_path: Path) -> None:
     assert [(r["stride"], r["size"]) for r in fragment["measured_bandwidth"]] == [(1, 2), (1, 4), (2, 2)]
     assert all(r["bandwidth_gbs"] > 0 for r in fragment["measured_bandwidth"])
     table = fragment["gemm"]["table"]
-    assert [(p["m"], p["n"], p["k"]) for p in table] == plan_gemm_shapes(plan)
+    shapes = plan_gemm_shapes(plan)
+    assert [(p["m"], p["n"], p["k"]) for p in table] == [s for s in shapes for _ in range(4)]
+    assert [p.get("orientation", "nn") for p in table[:4]] == ["nn", "nt", "tn", "tt"]  # --plan: every layout
+    assert set(fragment["gemm"]["orientation_efficiency"]) == {"nt", "tn", "tt"}
+    assert "qkv forward" in out.read_text()
     assert all(0 < p["efficiency"] <= 1 for p in table)
     merged = tmp_path / "measured-cpu.yaml"
     base = yaml.safe_load((machines_dir() / "local-cpu.yaml").read_text())
@@ -129,8 +161,17 @@ def test_probe_on_one_rank_writes_the_gemm_table_and_keeps_the_machines_bandwidt
     assert done.returncode == 0, done.stderr
     fragment = yaml.safe_load(out.read_text())
     assert "measured_bandwidth" not in fragment and "form no group" in out.read_text()
-    assert len(fragment["gemm"]["table"]) == 8  # every (m, n, k) of {64, 128}
+    assert len(fragment["gemm"]["table"]) == 8  # every (m, n, k) of {64, 128}, nn only without --plan
+    assert "orientation_efficiency" not in fragment["gemm"]
     base = yaml.safe_load((machines_dir() / "frontier.yaml").read_text())
     machine = Machine.model_validate(merge_fragment(base, fragment))
     assert machine.measured_bandwidth == load_machine("frontier").measured_bandwidth
     assert [(p.m, p.n, p.k) for p in machine.gemm.table][:2] == [(64, 64, 64), (64, 64, 128)]
+
+
+def test_an_unknown_orientation_is_one_line_exit_2(tmp_path: Path) -> None:
+    done = run_cli("probe", "--local", "1", "--machine", "local-cpu", "--orientations", "nn,xt",
+                   "-o", str(tmp_path / "p.yaml"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["axoplan: error: --orientations 'nn,xt': each must be one of nn, nt, "
+                                                "tn, tt"]

@@ -92,6 +92,8 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("precision", ("--precision",), Precision, Precision.bf16, "Weights and activations in bf16."),
     Flag("grad_reduce_dtype", ("--grad-reduce-dtype",), GradReduceDtype, GradReduceDtype.fp32,
          "Data-parallel gradient all-reduce dtype."),
+    Flag("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, False,
+         "AxoNN's GEMM tuner: forward and dX GEMMs in their fastest operand layout."),
     Flag("framework", ("--framework",), str, "axonn",
          "Training code whose host ops and kernels per block are modelled (frameworks/<name>.yaml): axonn, "
          "megatron-deepspeed or axoplan-executor."),

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 8 -m axoplan probe --plan plan.json -o node-probe.yaml
 
 The fragment holds ``measured_bandwidth`` rows (one per group stride and size that the
-probed world size's layouts contain) and a ``gemm`` block with a measured ``table``;
+probed world size's layouts contain) and a ``gemm`` block with a measured ``table`` (with
+``--plan``, each phase's shape in every operand layout, and ``orientation_efficiency``);
 merge it into a machine YAML (docs/executor.md). Only typer and the standard library are
 imported here.
 """
@@ -45,6 +46,9 @@ def probe(
     max_mib: Annotated[float | None, typer.Option(
         "--max-mib", min=0.0001, help="Largest collective message, MiB (default 4 on CPU, 256 on GPU).",
         show_default=False)] = None,
+    orientations: Annotated[str | None, typer.Option(
+        "--orientations", help="Operand layouts to time each GEMM shape in, e.g. nn,nt,tn,tt (default: all four "
+                               "with --plan, where each phase has its own; else nn).", show_default=False)] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed calls per measurement.")] = 5,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds any collective may wait.")] = 60.0,
     device: Annotated[_Device, typer.Option("--device", help="auto: cuda when available.")] = _Device.auto,
@@ -62,6 +66,7 @@ def probe(
     check_writable(out, force)
     config_plan, peak, machine_name, base = _peak(plan, machine)
     config = _config(config_plan, gemm_sizes, min_kib, max_mib, repeats, timeout, device.value, dtype.value)
+    config = config.model_copy(update={"orientations": _orientations(orientations, config_plan is not None)})
     if local is not None:
         result = _probe_local(config, local)
     else:
@@ -92,7 +97,7 @@ def _peak(plan: Path | None, machine: str | None) -> tuple[Any, float, str, dict
 def _config(plan: Any, gemm_sizes: str | None, min_kib: float | None, max_mib: float | None, repeats: int,
             timeout: float, device: Any, dtype: Any) -> Any:
     from axoplan.errors import AxoplanError
-    from axoplan.executor.fragment import ProbeConfig, grid_gemm_shapes, message_sizes, plan_gemm_shapes
+    from axoplan.executor.fragment import ProbeConfig, grid_gemm_shapes, message_sizes, plan_gemm_phases
 
     shapes: list[tuple[int, int, int]] = []
     if gemm_sizes is not None:
@@ -103,8 +108,14 @@ def _config(plan: Any, gemm_sizes: str | None, min_kib: float | None, max_mib: f
         if not dims or min(dims) < 1:
             raise AxoplanError(f"--gemm-sizes {gemm_sizes!r} must be positive integers, e.g. 64,256,1024")
         shapes = grid_gemm_shapes(dims)
+    labels: list[str] = [""] * len(shapes)
     if plan is not None:
-        shapes += [s for s in plan_gemm_shapes(plan) if s not in shapes]
+        phases = plan_gemm_phases(plan)
+        labels = [phases.get(s, "") for s in shapes]
+        for shape, label in phases.items():
+            if shape not in shapes:
+                shapes.append(shape)
+                labels.append(label)
     sizes: list[int] = []
     if min_kib is not None or max_mib is not None:
         low, high = int((min_kib or 4) * 1024), int((max_mib or 4) * (1 << 20))
@@ -112,7 +123,21 @@ def _config(plan: Any, gemm_sizes: str | None, min_kib: float | None, max_mib: f
             raise AxoplanError(f"--max-mib {max_mib} is below --min-kib {min_kib}")
         sizes = message_sizes(low, high)
     return ProbeConfig(gemm_shapes=tuple(shapes), message_bytes=tuple(sizes), repeats=repeats, timeout_s=timeout,
-                       device=device, dtype=dtype)
+                       device=device, dtype=dtype, gemm_labels=tuple(labels))
+
+
+def _orientations(text: str | None, plan: bool) -> tuple[str, ...]:
+    """The operand layouts asked for; an unknown one is an AxoplanError."""
+    from axoplan.errors import AxoplanError
+    from axoplan.machine import ORIENTATIONS
+
+    if text is None:
+        return ORIENTATIONS if plan else ("nn",)
+    asked = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    bad = [v for v in asked if v not in ORIENTATIONS]
+    if bad or not asked:
+        raise AxoplanError(f"--orientations {text!r}: each must be one of {', '.join(ORIENTATIONS)}")
+    return asked
 
 
 def _probe_local(config: Any, ranks: int) -> Any:

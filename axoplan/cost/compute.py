@@ -9,6 +9,10 @@ shapes are CUTLASS's). The library picks the tile, and may swap m and n (``Cᵀ 
 fastest is taken. Without tiles (a CPU) a smooth efficiency curve stands in. Either way the
 GEMM is never faster than moving its operands through HBM once (roofline, Williams et al.
 2009): ``t = max(t_tiles, 2(mk + kn + mn) / (β_hbm · memory_efficiency))``.
+
+Operand layout (``orientation``, ``axoplan.machine.Orientation``) divides the compute time by
+its relative efficiency ``gemm.orientation_efficiency`` (1 unless a YAML says otherwise); a
+measured table with rows of that orientation is read instead.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.machine import GemmModel, Machine
+from axoplan.machine import GemmModel, Machine, Orientation
 
 __all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "attention_s", "memory_bound_s"]
 
@@ -24,31 +28,40 @@ Floats = npt.NDArray[np.float64]
 BYTES_BF16 = 2.0
 
 
-def gemm_efficiency(gemm: GemmModel, m: Floats, n: Floats, k: Floats) -> Floats:
+def gemm_efficiency(gemm: GemmModel, m: Floats, n: Floats, k: Floats, orientation: Orientation = "nn") -> Floats:
     """Fraction of peak for local GEMM shapes (a measured table wins over the curve)."""
     if gemm.table:
-        return _nearest_measured(gemm, m, n, k)
+        return _nearest_measured(gemm, m, n, k, orientation)
     half = gemm.half_efficiency_dim
     shape = (m / (m + half)) * (n / (n + half)) * (k / (k + half))
-    return gemm.max_efficiency * shape
+    return gemm.max_efficiency * shape * gemm.orientation_efficiency.of(orientation)
 
 
-def _nearest_measured(gemm: GemmModel, m: Floats, n: Floats, k: Floats) -> Floats:
-    """Efficiency of the measured shape closest in log2 space (L1 distance)."""
-    table = np.array([[p.m, p.n, p.k] for p in gemm.table], dtype=np.float64)
-    eff = np.array([p.efficiency for p in gemm.table])
+def _nearest_measured(gemm: GemmModel, m: Floats, n: Floats, k: Floats, orientation: Orientation) -> Floats:
+    """Efficiency of the measured shape closest in log2 space (L1 distance).
+
+    Rows measured in `orientation` are read as they are; without any, the ``nn`` rows (or,
+    without those, all rows) scaled by the orientation's relative efficiency."""
+    rows = [p for p in gemm.table if p.orientation == orientation]
+    factor = 1.0
+    if not rows:
+        rows = [p for p in gemm.table if p.orientation == "nn"] or list(gemm.table)
+        factor = gemm.orientation_efficiency.of(orientation)
+    table = np.array([[p.m, p.n, p.k] for p in rows], dtype=np.float64)
+    eff = np.array([p.efficiency for p in rows]) * factor
     query = np.log2(np.stack(np.broadcast_arrays(m, n, k), axis=-1))
     dist = np.abs(query[..., None, :] - np.log2(table)).sum(axis=-1)
     return eff[np.argmin(dist, axis=-1)]
 
 
-def gemm_s(machine: Machine, m: Floats, n: Floats, k: Floats) -> Floats:
-    """Seconds for one ``[m×k]·[k×n]`` bf16 GEMM on one device."""
+def gemm_s(machine: Machine, m: Floats, n: Floats, k: Floats, orientation: Orientation = "nn") -> Floats:
+    """Seconds for one ``[m×k]·[k×n]`` bf16 GEMM on one device, operands laid out as `orientation`."""
     gemm, units = machine.gemm, machine.device.compute_units
     if gemm.tiles and units is not None and not gemm.table:
         compute = wave_quantized_s(gemm, units, machine.peak_flops, m, n, k)
+        compute = compute / gemm.orientation_efficiency.of(orientation)
     else:
-        compute = 2.0 * m * n * k / (machine.peak_flops * gemm_efficiency(gemm, m, n, k))
+        compute = 2.0 * m * n * k / (machine.peak_flops * gemm_efficiency(gemm, m, n, k, orientation))
     traffic = BYTES_BF16 * (m * k + k * n + m * n)
     return np.maximum(compute, memory_bound_s(machine, traffic))
 

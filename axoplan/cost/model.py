@@ -36,6 +36,7 @@ from axoplan.cost import collectives as coll
 from axoplan.cost.compute import attention_s, gemm_s, memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu, padded_vocab, replicated_params, sharded_params
+from axoplan.cost.orientation import phase_gemm_s
 from axoplan.cost.placement import place_groups
 from axoplan.framework import FrameworkProfile, load_framework
 from axoplan.machine import Machine
@@ -185,10 +186,11 @@ def _layer(
 ) -> _Layer:
     in_axis, out_axis = spec.in_axis, spec.out_axis
     k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis]
+    tuned = options.tuned_gemm
     if options.overlap_forward_all_reduce:
-        t_fwd = 2.0 * gemm_s(machine, tokens / 2.0, n_loc, k_loc)
+        t_fwd = 2.0 * phase_gemm_s(machine, tokens / 2.0, n_loc, k_loc, "forward", tuned)
     else:
-        t_fwd = gemm_s(machine, tokens, n_loc, k_loc)
+        t_fwd = phase_gemm_s(machine, tokens, n_loc, k_loc, "forward", tuned)
     block = spec.k_in * n / (g.size["x"] * g.size["y"])
     shard = np.ceil(block / g.size["z"])
     bytes_block, bytes_out, bytes_in = block * BYTES, tokens * n_loc * BYTES, tokens * k_loc * BYTES
@@ -196,7 +198,8 @@ def _layer(
     z = (g.size["z"], g.bw["z"], g.lat["z"])
     return _Layer(
         spec=spec, count=count, in_axis=in_axis, out_axis=out_axis,
-        t_fwd=t_fwd, t_dx=gemm_s(machine, tokens, k_loc, n_loc), t_dw=gemm_s(machine, n_loc, k_loc, tokens),
+        t_fwd=t_fwd, t_dx=phase_gemm_s(machine, tokens, k_loc, n_loc, "dx", tuned),
+        t_dw=phase_gemm_s(machine, n_loc, k_loc, tokens, "dw", tuned),
         extra_fwd=np.broadcast_to(extra_fwd, tokens.shape), extra_bwd=np.broadcast_to(extra_bwd, tokens.shape),
         ag=coll.all_gather_s(bytes_block, *z),
         ar_fwd=coll.all_reduce_s(bytes_out, g.size[in_axis], g.bw[in_axis], g.lat[in_axis]),

@@ -8,8 +8,11 @@ The fragment holds the two blocks the cost model reads from measurements:
   ``2(p-1)/p·bytes/t``, all-gather and reduce-scatter ``(p-1)/p·bytes/t`` of the full
   buffer), taken as the median of the three kinds at the largest message;
 * ``gemm``: a measured ``table`` (efficiency = achieved flop/s ÷ the machine's peak),
-  plus ``max_efficiency`` and ``half_efficiency_dim`` fitted to it, so the block is
-  complete when it replaces a machine's ``gemm:``.
+  plus ``max_efficiency`` and ``half_efficiency_dim`` fitted to its ``nn`` rows, so the
+  block is complete when it replaces a machine's ``gemm:``. Shapes timed in other operand
+  layouts too (``--plan``: each phase's shape in all four) get rows with their
+  ``orientation`` (the phase in a comment) and ``orientation_efficiency``, the median over
+  shapes of each layout's speed relative to ``nn``.
 
 Merge it into a machine YAML with `merge_fragment` (mappings merge, lists are replaced).
 """
@@ -24,11 +27,13 @@ from pydantic import Field, PositiveInt
 
 from axoplan.axes import AXES, strides
 from axoplan.layout import ordered_factorizations
+from axoplan.machine import Orientation
 from axoplan.plan import LaunchConfig
 from axoplan.schema import Frozen
 
 __all__ = ["ProbeConfig", "ProbeResult", "group_shapes", "plan_gemm_shapes", "grid_gemm_shapes", "message_sizes",
-           "fit_gemm_curve", "render_fragment", "merge_fragment", "bus_bandwidth_gbs"]
+           "fit_gemm_curve", "render_fragment", "plan_gemm_phases", "orientation_speedups", "merge_fragment",
+           "bus_bandwidth_gbs"]
 
 
 class ProbeConfig(Frozen):
@@ -42,6 +47,9 @@ class ProbeConfig(Frozen):
     timeout_s: float = Field(60.0, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    orientations: tuple[Orientation, ...] = Field(("nn",), min_length=1,
+                                                  description="Operand layouts each shape is timed in.")
+    gemm_labels: tuple[str, ...] = Field((), description="What each shape is (e.g. 'qkv forward'), for comments.")
 
 
 class CollectivePoint(Frozen):
@@ -56,6 +64,8 @@ class GemmTime(Frozen):
     m: PositiveInt
     n: PositiveInt
     k: PositiveInt
+    orientation: Orientation = "nn"
+    label: str = ""
     seconds: float = Field(gt=0, description="Per GEMM, median over ranks of each rank's median.")
 
 
@@ -89,19 +99,23 @@ def plan_gemm_shapes(plan: LaunchConfig) -> list[tuple[int, int, int]]:
     Same conventions as ``axoplan.cost.model``: forward ``(m_l, n_loc, k_loc)``, dX
     ``(m_l, k_loc, n_loc)``, dW ``(n_loc, k_loc, m_l)`` with ``m_l = micro_batch·seq_len``.
     """
+    return list(plan_gemm_phases(plan))
+
+
+def plan_gemm_phases(plan: LaunchConfig) -> dict[tuple[int, int, int], str]:
+    """Each local GEMM shape of the plan, in order, with the layers and phases that run it."""
     from axoplan.executor.spec import padded_vocab
 
     lay, model = plan.layout, plan.model
     size = {"x": lay.gx, "y": lay.gy}
     m = plan.micro_batch * plan.options.seq_len
     layers = [*model.block_linears(), model.head_linear(padded_vocab(model.vocab, lay.gx, lay.gy))]
-    shapes: list[tuple[int, int, int]] = []
+    labels: dict[tuple[int, int, int], list[str]] = {}
     for lin in layers:
         k_loc, n_loc = lin.k_in // size[lin.in_axis], lin.n_out // size[lin.out_axis]
-        for shape in ((m, n_loc, k_loc), (m, k_loc, n_loc), (n_loc, k_loc, m)):
-            if shape not in shapes:
-                shapes.append(shape)
-    return shapes
+        for phase, shape in (("forward", (m, n_loc, k_loc)), ("dx", (m, k_loc, n_loc)), ("dw", (n_loc, k_loc, m))):
+            labels.setdefault(shape, []).append(f"{lin.name} {phase}")
+    return {shape: ", ".join(names) for shape, names in labels.items()}
 
 
 def grid_gemm_shapes(sizes: list[int]) -> list[tuple[int, int, int]]:
@@ -147,7 +161,8 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
     """The YAML fragment, with where and how it was measured in comments."""
     eff = [(g.m, g.n, g.k, 2.0 * g.m * g.n * g.k / g.seconds / (peak_tflops * 1e12)) for g in result.gemms]
     capped = [(m, n, k, min(1.0, e)) for m, n, k, e in eff]
-    max_eff, half = fit_gemm_curve(capped)
+    nn = [p for p, g in zip(capped, result.gemms, strict=True) if g.orientation == "nn"]
+    max_eff, half = fit_gemm_curve(nn or capped)
     lines = [
         f"# axoplan probe, {when}: {result.world_size} rank(s) on {result.device_name}, {result.backend}, "
         f"torch {result.torch_version}, {result.dtype}",
@@ -158,14 +173,36 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
         "the largest message",
         *_bandwidth_block(result),
         "gemm:",
-        f"  max_efficiency: {_num(max_eff)}         # fitted to the table below",
+        f"  max_efficiency: {_num(max_eff)}         # fitted to the table's nn rows below",
         f"  half_efficiency_dim: {_num(half)}",
+        *_orientation_lines(result),
         "  table:",
     ]
-    for (m, n, k, e), (_, _, _, raw) in zip(capped, eff, strict=True):
+    for (m, n, k, e), (_, _, _, raw), g in zip(capped, eff, result.gemms, strict=True):
         note = f"  # {raw * peak_tflops:.4g} TFLOP/s" + (" (above the assumed peak: capped at 1)" if raw > 1 else "")
-        lines.append(f"    - {{m: {m}, n: {n}, k: {k}, efficiency: {_num(max(e, 1e-6))}}}{note}")
+        note += f"; {g.label}" if g.label else ""
+        layout = f", orientation: {g.orientation}" if g.orientation != "nn" else ""
+        lines.append(f"    - {{m: {m}, n: {n}, k: {k}, efficiency: {_num(max(e, 1e-6))}{layout}}}{note}")
     return "\n".join(lines) + "\n"
+
+
+def orientation_speedups(result: ProbeResult) -> dict[str, float]:
+    """Per layout other than nn: median over shapes timed in both of ``t_nn / t_layout``."""
+    nn = {(g.m, g.n, g.k): g.seconds for g in result.gemms if g.orientation == "nn"}
+    ratios: dict[str, list[float]] = {}
+    for g in result.gemms:
+        if g.orientation != "nn" and (g.m, g.n, g.k) in nn:
+            ratios.setdefault(g.orientation, []).append(nn[g.m, g.n, g.k] / g.seconds)
+    return {o: float(np.median(r)) for o, r in sorted(ratios.items())}
+
+
+def _orientation_lines(result: ProbeResult) -> list[str]:
+    speed = orientation_speedups(result)
+    if not speed:
+        return []
+    values = ", ".join(f"{o}: {_num(v)}" for o, v in speed.items())
+    return [f"  orientation_efficiency: {{{values}}}  # median over shapes of t_nn / t_layout; the table's rows "
+            "of a layout take precedence"]
 
 
 def _bandwidth_block(result: ProbeResult) -> list[str]:

@@ -12,6 +12,8 @@ flattened and split over Z; the parameter is the Z-chunk. Input: ``[m_l, k/G_in]
               dX = all-reduce_out(dY · W_blk)      (OAR: overlapped with the dW GEMM)
               dW = dYᵀ · X  → reduce-scatter_Z     (ORS: overlapped with the rest of the backward)
 
+With ``tuned_gemm`` the forward and dX GEMMs run through ``axoplan.executor.tuned_matmul``.
+
 When the out-group has one member and ORS is on, dW goes first so its reduce-scatter
 overlaps the dX GEMM (AxoNN's special case). A block whose size Gz does not divide is
 padded with zeros to ``Gz·⌈block/Gz⌉`` (FSDP-style, as the cost model assumes); the
@@ -33,6 +35,7 @@ from axoplan.executor.comm import Comm
 from axoplan.executor.groups import Groups
 from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.timing import PhaseTimer
+from axoplan.executor.tuned_matmul import GemmTuner
 from axoplan.model import layer_axes
 
 __all__ = ["Runtime", "Linear4D", "block_slice", "shard_numel"]
@@ -53,6 +56,7 @@ class Runtime:
     phase: str = "forward"
     micro_batch_context: Callable[[], Any] = contextlib.nullcontext  # around a micro-batch (AxoNN engine)
     recompute_hook: Callable[[], Any] = contextlib.nullcontext  # around a recomputed block (AxoNN engine)
+    tuner: GemmTuner | None = None  # RunOptions.tuned_gemm: forward and dX GEMMs by the tuner
 
     @contextmanager
     def recomputing(self) -> Iterator[None]:
@@ -119,8 +123,12 @@ class Linear4D(nn.Module):
         return f"{self.name}: {kind}, local block {self.n_loc}x{self.k_loc}"
 
 
-def _gemm(rt: Runtime, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _gemm(rt: Runtime, a: torch.Tensor, b: torch.Tensor, phase: str) -> torch.Tensor:
+    """``a @ b`` of one phase (forward, dx, dw); forward and dX through the tuner when there is one
+    (AxoNN's tuner leaves dW alone)."""
     with rt.timer.span("gemm", ("gemm", a.shape[0], b.shape[1], a.shape[1])):
+        if rt.tuner is not None and phase != "dw":
+            return rt.tuner.matmul(phase, a, b)
         return a @ b
 
 
@@ -133,9 +141,10 @@ class _Linear4DFn(torch.autograd.Function):
         ctx.layer = layer
         halves = rt.overlap_forward_all_reduce and rt.comm.size(layer.in_axis) > 1 and x.shape[0] >= 2
         if not halves:
-            return rt.comm.all_reduce(_gemm(rt, x, w.t()), layer.in_axis)
+            return rt.comm.all_reduce(_gemm(rt, x, w.t(), "forward"), layer.in_axis)
         mid = x.shape[0] // 2
-        pending = [rt.comm.all_reduce_async(_gemm(rt, part, w.t()), layer.in_axis) for part in (x[:mid], x[mid:])]
+        pending = [rt.comm.all_reduce_async(_gemm(rt, part, w.t(), "forward"), layer.in_axis)
+                   for part in (x[:mid], x[mid:])]
         return torch.cat([p.wait() for p in pending])
 
     @staticmethod
@@ -146,14 +155,14 @@ class _Linear4DFn(torch.autograd.Function):
         dy = dy.contiguous()
         w = layer.gathered()
         if rt.reducer.overlap and rt.comm.size(layer.out_axis) == 1:
-            grad_shard = layer.reduce_grad(_gemm(rt, dy.t(), x))
-            return _gemm(rt, dy, w), grad_shard, None
-        dx = _gemm(rt, dy, w)
+            grad_shard = layer.reduce_grad(_gemm(rt, dy.t(), x, "dw"))
+            return _gemm(rt, dy, w, "dx"), grad_shard, None
+        dx = _gemm(rt, dy, w, "dx")
         if rt.overlap_all_reduce:
             pending = rt.comm.all_reduce_async(dx, layer.out_axis)
-            dw = _gemm(rt, dy.t(), x)
+            dw = _gemm(rt, dy.t(), x, "dw")
             dx = pending.wait()
         else:
             rt.comm.all_reduce(dx, layer.out_axis)
-            dw = _gemm(rt, dy.t(), x)
+            dw = _gemm(rt, dy.t(), x, "dw")
         return dx, layer.reduce_grad(dw), None

@@ -1,8 +1,8 @@
 """`axoplan probe` on each rank: time GEMMs and the three collectives for every group shape.
 
-GEMMs: every rank times every shape at once (ranks that share a node share its memory
-and, on CPU, its cores, as in a run), 2 warm-up calls then `repeats` timed ones; the
-per-rank median, then the median over ranks. Collectives: for one (stride, size) at a
+GEMMs: every rank times every shape, in each configured operand layout, at once (ranks
+that share a node share its memory and, on CPU, its cores, as in a run), 2 warm-up calls
+then `repeats` timed ones; the per-rank median, then the median over ranks. Collectives: for one (stride, size) at a
 time, every group of that shape runs together (a layout's groups of one axis do), so
 groups that share links or NICs are measured sharing them; per call the slowest member
 (max over ranks), median of the repeats.
@@ -67,7 +67,9 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
     shapes = config.gemm_shapes or tuple(grid_gemm_shapes([512, 2048, 8192] if gpu else [64, 256, 1024]))
     sizes = config.message_bytes or tuple(message_sizes(64 << 10, 256 << 20) if gpu else
                                           message_sizes(4 << 10, 4 << 20))
-    gemm_s = _median_over_ranks([_gemm_s(shape, device, dtype, config.repeats) for shape in shapes], device)
+    timed = [(shape, o) for shape in shapes for o in config.orientations]
+    gemm_s = _median_over_ranks([_gemm_s(shape, o, device, dtype, config.repeats) for shape, o in timed], device)
+    labels = dict(zip(shapes, config.gemm_labels, strict=False))
     world = dist.get_world_size()
     points = []
     for stride, size in group_shapes(world):
@@ -81,8 +83,8 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
         return None
     return ProbeResult(world_size=world, device_name=device_name(device), backend=dist.get_backend(),
                        dtype=str(dtype).removeprefix("torch."), torch_version=torch.__version__,
-                       gemms=tuple(GemmTime(m=m, n=n, k=k, seconds=s)
-                                   for (m, n, k), s in zip(shapes, gemm_s, strict=True)),
+                       gemms=tuple(GemmTime(m=m, n=n, k=k, orientation=o, label=labels.get((m, n, k), ""), seconds=s)
+                                   for ((m, n, k), o), s in zip(timed, gemm_s, strict=True)),
                        collectives=tuple(points))
 
 
@@ -104,11 +106,19 @@ def _timed(fn: Callable[[], object], device: torch.device, repeats: int, warmup:
     return times
 
 
-def _gemm_s(shape: tuple[int, int, int], device: torch.device, dtype: torch.dtype, repeats: int) -> float:
+def _gemm_s(shape: tuple[int, int, int], orientation: str, device: torch.device, dtype: torch.dtype,
+            repeats: int) -> float:
+    """Median seconds of ``[m×k]·[k×n]`` with each operand row-major (n) or a transposed view (t)."""
     m, n, k = shape
-    a = torch.randn(m, k, device=device, dtype=dtype)
-    b = torch.randn(k, n, device=device, dtype=dtype)
+    a = _operand(m, k, orientation[0], device, dtype)
+    b = _operand(k, n, orientation[1], device, dtype)
     return statistics.median(_timed(lambda: a @ b, device, repeats))
+
+
+def _operand(rows: int, cols: int, layout: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    if layout == "n":
+        return torch.randn(rows, cols, device=device, dtype=dtype)
+    return torch.randn(cols, rows, device=device, dtype=dtype).t()
 
 
 def _median_over_ranks(values: list[float], device: torch.device) -> list[float]:

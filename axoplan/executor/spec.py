@@ -148,6 +148,9 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
     if engine == "axonn" and plan.options.concurrent_z:
         raise AxoplanError("AxoNN 0.2.0 has no second Z communicator (--concurrent-z is on its Gordon Bell branch "
                            "only); run with the native engine, or export without --concurrent-z")
+    if engine == "axonn" and plan.options.tuned_gemm:
+        problems.append("AxoNN's released linears have no GEMM tuner (it lives on its add-timers-gordon-bell "
+                        "branch); run the native engine or plan without --tuned-gemm")
     if problems:
         raise AxoplanError(f"layout {lay} cannot run {plan.model.name}: {'; '.join(problems)} "
                            f"(choose another layout, or scale the model with --hidden/--layers/--seq-len)")

@@ -37,6 +37,7 @@ from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.reference import full_state, local_state, to_local
 from axoplan.executor.spec import ExecSettings, padded_vocab
 from axoplan.executor.timing import PHASES, PhaseTimer
+from axoplan.executor.tuned_matmul import GemmTuner
 from axoplan.plan import LaunchConfig
 
 __all__ = ["RankResult", "run_rank", "synthetic_tokens", "local_batches", "resolve_device", "resolve_dtype",
@@ -195,7 +196,7 @@ def _runtime(plan: LaunchConfig, groups: Groups, timer: PhaseTimer) -> Runtime:
     o = plan.options
     return Runtime(groups, comm, timer, WeightGatherer(comm, o.overlap_all_gather, plan.cache_weights),
                    GradReducer(comm, o.overlap_reduce_scatter), o.overlap_all_reduce, o.overlap_forward_all_reduce,
-                   o.grad_reduce_dtype)
+                   o.grad_reduce_dtype, tuner=GemmTuner() if o.tuned_gemm else None)
 
 
 def _initial_params(plan: LaunchConfig, settings: ExecSettings, groups: Groups, vocab: int) -> dict[str, torch.Tensor]:
