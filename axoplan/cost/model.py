@@ -24,7 +24,7 @@ left after overlapping with the compute named in the last column.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
@@ -36,7 +36,7 @@ from axoplan.cost import collectives as coll
 from axoplan.cost.compute import attention_s, gemm_s, memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu, padded_vocab, replicated_params, sharded_params
-from axoplan.cost.orientation import phase_gemm_s
+from axoplan.cost.orientation import Phase, phase_gemm_s
 from axoplan.cost.placement import place_groups
 from axoplan.framework import FrameworkProfile, load_framework
 from axoplan.machine import Machine
@@ -67,14 +67,12 @@ class CollectiveTerm:
     bandwidth_gbs: Floats
     seconds_per_call: Floats
     exposed_per_call: Floats
+    total_s: Floats = field(init=False)  # calls_per_step · seconds_per_call
+    exposed_s: Floats = field(init=False)  # calls_per_step · exposed_per_call
 
-    @property
-    def total_s(self) -> Floats:
-        return self.calls_per_step * self.seconds_per_call
-
-    @property
-    def exposed_s(self) -> Floats:
-        return self.calls_per_step * self.exposed_per_call
+    def __post_init__(self) -> None:  # products computed once: every column and report reads them
+        object.__setattr__(self, "total_s", self.calls_per_step * self.seconds_per_call)
+        object.__setattr__(self, "exposed_s", self.calls_per_step * self.exposed_per_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +165,7 @@ def _layers(
     if options.attention == "unfused":
         extra_fwd["attention"], extra_bwd["attention"] = _unfused_attention_s(model, machine, options, c)
     vocab = padded_vocab(model, c)
+    shapes = _GemmShapes.of(c)
     out = []
     for spec in (*block, model.head_linear(0)):
         head = spec.role == "head"
@@ -176,21 +175,41 @@ def _layers(
         share = 1.0 if head else 1.0 / len(block)
         fwd = extra_fwd[part] * share + (extra_fwd["attention"] if spec.input == "attention" else 0.0)
         bwd = extra_bwd[part] * share + (extra_bwd["attention"] if spec.input == "attention" else 0.0)
-        out.append(_layer(spec, n, count, machine, options, c, g, tokens, fwd, bwd))
+        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes))
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _GemmShapes:
+    """Rows with distinct local GEMM shapes: a GEMM's m, n, k depend only on Gx, Gy and the
+    micro-batch, so its time is computed once per distinct (Gx, Gy, micro-batch), at the rows
+    `first`, and spread back with `back` (a few hundred shapes for tens of thousands of rows)."""
+
+    first: Ints
+    back: Ints
+
+    @classmethod
+    def of(cls, c: Candidates) -> _GemmShapes:
+        key = (c.gx * (int(c.gy.max()) + 1) + c.gy) * (int(c.micro_batch.max()) + 1) + c.micro_batch
+        _, first, back = np.unique(key, return_index=True, return_inverse=True)
+        return cls(first, back.reshape(-1))
+
+    def time(self, machine: Machine, m: Floats, n: Floats, k: Floats, phase: Phase, tuned: bool) -> Floats:
+        f = self.first
+        return phase_gemm_s(machine, m[f], n[f], k[f], phase, tuned)[self.back]
+
+
 def _layer(
-    spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions, c: Candidates,
-    g: _Groups, tokens: Floats, extra_fwd: Floats, extra_bwd: Floats,
+    spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions,
+    g: _Groups, tokens: Floats, extra_fwd: Floats, extra_bwd: Floats, shapes: _GemmShapes,
 ) -> _Layer:
     in_axis, out_axis = spec.in_axis, spec.out_axis
-    k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis]
+    k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis] + 0.0 * tokens
     tuned = options.tuned_gemm
     if options.overlap_forward_all_reduce:
-        t_fwd = 2.0 * phase_gemm_s(machine, tokens / 2.0, n_loc, k_loc, "forward", tuned)
+        t_fwd = 2.0 * shapes.time(machine, tokens / 2.0, n_loc, k_loc, "forward", tuned)
     else:
-        t_fwd = phase_gemm_s(machine, tokens, n_loc, k_loc, "forward", tuned)
+        t_fwd = shapes.time(machine, tokens, n_loc, k_loc, "forward", tuned)
     block = spec.k_in * n / (g.size["x"] * g.size["y"])
     shard = np.ceil(block / g.size["z"])
     bytes_block, bytes_out, bytes_in = block * BYTES, tokens * n_loc * BYTES, tokens * k_loc * BYTES
@@ -198,8 +217,8 @@ def _layer(
     z = (g.size["z"], g.bw["z"], g.lat["z"])
     return _Layer(
         spec=spec, count=count, in_axis=in_axis, out_axis=out_axis,
-        t_fwd=t_fwd, t_dx=phase_gemm_s(machine, tokens, k_loc, n_loc, "dx", tuned),
-        t_dw=phase_gemm_s(machine, n_loc, k_loc, tokens, "dw", tuned),
+        t_fwd=t_fwd, t_dx=shapes.time(machine, tokens, k_loc, n_loc, "dx", tuned),
+        t_dw=shapes.time(machine, n_loc, k_loc, tokens, "dw", tuned),
         extra_fwd=np.broadcast_to(extra_fwd, tokens.shape), extra_bwd=np.broadcast_to(extra_bwd, tokens.shape),
         ag=coll.all_gather_s(bytes_block, *z),
         ar_fwd=coll.all_reduce_s(bytes_out, g.size[in_axis], g.bw[in_axis], g.lat[in_axis]),
