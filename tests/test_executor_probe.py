@@ -167,6 +167,10 @@ def test_probe_on_one_rank_writes_the_gemm_table_and_keeps_the_machines_bandwidt
     machine = Machine.model_validate(merge_fragment(base, fragment))
     assert machine.measured_bandwidth == load_machine("frontier").measured_bandwidth
     assert [(p.m, p.n, p.k) for p in machine.gemm.table][:2] == [(64, 64, 64), (64, 64, 128)]
+    # the host's cost per framework op (issue 11): measured, merged, and of the order a CPU dispatch costs
+    assert 0.5 < fragment["host"]["op_us"] < 500 and "measured" in out.read_text()
+    assert machine.host.op_us == fragment["host"]["op_us"]
+    assert machine.host.overlaps_device == load_machine("frontier").host.overlaps_device
 
 
 def test_an_unknown_orientation_is_one_line_exit_2(tmp_path: Path) -> None:

@@ -79,6 +79,8 @@ class ProbeResult(Frozen):
     torch_version: str
     gemms: tuple[GemmTime, ...]
     collectives: tuple[CollectivePoint, ...]
+    host_op_us: float | None = Field(None, gt=0, description="Host time per eager op (forward op or backward "
+                                     "node) of a chain of tiny ops with autograd, median over ranks.")
 
 
 def group_shapes(world_size: int) -> list[tuple[int, int]]:
@@ -172,6 +174,7 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
         "repeats; bandwidth_gbs = median over all-reduce, all-gather, reduce-scatter of the bus bandwidth at "
         "the largest message",
         *_bandwidth_block(result),
+        *_host_lines(result),
         "gemm:",
         f"  max_efficiency: {_num(max_eff)}         # fitted to the table's nn rows below",
         f"  half_efficiency_dim: {_num(half)}",
@@ -184,6 +187,14 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
         layout = f", orientation: {g.orientation}" if g.orientation != "nn" else ""
         lines.append(f"    - {{m: {m}, n: {n}, k: {k}, efficiency: {_num(max(e, 1e-6))}{layout}}}{note}")
     return "\n".join(lines) + "\n"
+
+
+def _host_lines(result: ProbeResult) -> list[str]:
+    if result.host_op_us is None:
+        return []
+    return ["host:",
+            f"  op_us: {_num(result.host_op_us)}  # measured: a chain of 200 tiny ops (linear, view, transpose, "
+            "GeLU) forward and backward with autograd, time per op or backward node"]
 
 
 def orientation_speedups(result: ProbeResult) -> dict[str, float]:

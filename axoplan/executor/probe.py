@@ -67,6 +67,7 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
     shapes = config.gemm_shapes or tuple(grid_gemm_shapes([512, 2048, 8192] if gpu else [64, 256, 1024]))
     sizes = config.message_bytes or tuple(message_sizes(64 << 10, 256 << 20) if gpu else
                                           message_sizes(4 << 10, 4 << 20))
+    host_op_us = _median_over_ranks([host_op_us_measured(device, dtype, config.repeats)], device)[0]
     timed = [(shape, o) for shape in shapes for o in config.orientations]
     gemm_s = _median_over_ranks([_gemm_s(shape, o, device, dtype, config.repeats) for shape, o in timed], device)
     labels = dict(zip(shapes, config.gemm_labels, strict=False))
@@ -85,7 +86,28 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
                        dtype=str(dtype).removeprefix("torch."), torch_version=torch.__version__,
                        gemms=tuple(GemmTime(m=m, n=n, k=k, orientation=o, label=labels.get((m, n, k), ""), seconds=s)
                                    for ((m, n, k), o), s in zip(timed, gemm_s, strict=True)),
-                       collectives=tuple(points))
+                       collectives=tuple(points), host_op_us=host_op_us)
+
+
+HOST_CHAIN = 50  # blocks of four ops: linear, view, transpose, GeLU
+
+
+def host_op_us_measured(device: torch.device, dtype: torch.dtype, repeats: int) -> float:
+    """Host microseconds per eager op: a chain of tiny ops (8x8, so the device work is
+    negligible and the host's dispatch sets the pace, as in a host-bound micro-batch) run
+    forward and backward with autograd; the time over forward ops plus backward nodes (the
+    two counts of a framework profile, ``frameworks/*.yaml``)."""
+    x = torch.randn(8, 8, device=device, dtype=dtype, requires_grad=True)
+    w = torch.randn(8, 8, device=device, dtype=dtype, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(HOST_CHAIN):
+            y = torch.nn.functional.gelu(torch.nn.functional.linear(y, w).view(8, 8).t())
+        y.sum().backward()
+
+    seconds = statistics.median(_timed(chain, device, max(repeats, 5), warmup=3))
+    return seconds / (2 * 4 * HOST_CHAIN) * 1e6
 
 
 def _sync(device: torch.device) -> None:
