@@ -108,11 +108,14 @@ class Intervals:
 
 def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, level: float = 0.8,
               contenders: npt.NDArray[np.bool_] | None = None, samples: int = 400, seed: int = 0,
-              tie_probability: float = 0.1) -> Intervals:
+              tie_probability: float = 0.1, beat_s: float = np.inf) -> Intervals:
     """Central `level` interval of every candidate and P(best) over the contenders.
 
     A candidate is *tied* with the best point prediction when it beats it in at least
-    `tie_probability` of the joint draws (the best itself is always tied).
+    `tie_probability` of the joint draws (the best itself is always tied). `beat_s` is a
+    time already measured: a draw's winner counts only if it is faster, so P(best) is the
+    probability that the candidate is faster than the measured one and every other
+    candidate (the probabilities then sum to at most 1; the rest is the measured one's).
     """
     var = np.einsum("np,pq,nq->n", jac, log_cov, jac) + model_sigma**2
     q = NormalDist().inv_cdf(0.5 + level / 2.0) * np.sqrt(var)
@@ -127,7 +130,8 @@ def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, l
         eps = rng.standard_normal((samples, idx.size)) * model_sigma
         logt = np.log(t0[idx])[None, :] + z @ jac[idx].T + eps
         winner = np.argmin(logt, axis=1)
-        p_best[idx] = np.bincount(winner, minlength=idx.size) / samples
+        won = logt[np.arange(samples), winner] < np.log(beat_s)
+        p_best[idx] = np.bincount(winner[won], minlength=idx.size) / samples
         best = int(np.argmin(t0[idx]))
         beats = (logt <= logt[:, [best]]).mean(axis=0)
         tied[idx] = beats >= tie_probability
@@ -150,8 +154,10 @@ def machine_spread(machine: Machine) -> tuple[ParameterSpread, float]:
     return spread, sigma
 
 
-def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int = 0) -> Ranking:
-    """`r` with columns ``t_low_s``, ``t_high_s``, ``p_best`` and ``tied`` (1 = tied with the best)."""
+def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int = 0,
+                   beat_s: float = np.inf) -> Ranking:
+    """`r` with columns ``t_low_s``, ``t_high_s``, ``p_best`` and ``tied`` (1 = tied with the best);
+    ``p_best`` counts only draws faster than `beat_s` (a time already measured, see `intervals`)."""
     from axoplan.cost.model import predict
     from axoplan.machine_params import parameter_value, with_values
 
@@ -172,7 +178,7 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
             return predict(r.model, m, r.options, cands).columns["t_step_s"]
 
         t0, jac = sensitivities(step_s, values, spread.paths)
-        iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=samples, seed=seed)
+        iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=samples, seed=seed, beat_s=beat_s)
         low[idx], high[idx], p_best[idx], tied[idx] = iv.low_s, iv.high_s, iv.p_best, iv.tied
     cols = r.prediction.columns | dict(zip(INTERVAL_COLUMNS, (low, high, p_best, tied), strict=True))
     return replace(r, prediction=replace(r.prediction, columns=cols))

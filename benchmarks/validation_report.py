@@ -6,7 +6,9 @@
 
 For each shipped measured data set: the error of the shipped machine YAML on all plans (the
 untuned prediction), then a calibration on 70 % of the plans (seed 0) and the error before and
-after on the 30 % held out, exactly as `axoplan calibrate --holdout 0.3 --seed 0` does. For the
+after on the 30 % held out, exactly as `axoplan calibrate --holdout 0.3 --seed 0` does; then the
+share of plans inside their 80 % interval, on that held-out part and over all plans by 5-fold
+cross-validation (every plan against a fit that never saw it; docs/uncertainty.md). For the
 vTrain data, also cross-validation that holds out whole model sizes: fit on the runs of one
 hidden size and check on the other, and the same for two of the four layer counts, so a fit
 that only memorises the sizes it saw shows it.
@@ -22,6 +24,7 @@ from pathlib import Path
 from axoplan.machine import load_machine
 from axoplan.validate.calibrate import calibrate, split_holdout
 from axoplan.validate.compare import PlanRuns, Predictor, aggregate, plan_table, summarize, validate
+from axoplan.validate.coverage import coverage, cross_validated
 from axoplan.validate.records import Measured, load_runs
 from axoplan.validate.report import format_calibration, format_summary
 
@@ -53,6 +56,12 @@ def report(name: str, model_folds: bool) -> None:
     after = plan_table(plans, Predictor([p.plan for p in plans])(result.calibrated))
     print("calibrated machine, held-out plans only:")
     print(format_summary(summarize(after.iloc[hold])), "\n")
+    held = coverage([plans[i] for i in hold], result.calibrated, 0.8)
+    print(f"80% interval coverage, held-out plans: {held.covered:.1%} of {held.plans}")
+    t0 = time.perf_counter()
+    cv = cross_validated(runs, machine, folds=5, level=0.8, seed=0)
+    print(f"80% interval coverage, 5-fold cross-validation: {cv.covered:.1%} of {cv.plans} plans "
+          f"({time.perf_counter() - t0:.0f} s)\n")
     if model_folds and name == "vtrain":
         held_out_by_model(runs, machine_name)
 

@@ -151,3 +151,46 @@ def test_plot_intervals_draws_each_top_layout_with_its_p_best(tmp_path) -> None:
     top = [int(i) for i in r.order if r.reason[i] == 0][:6]
     assert bars == pytest.approx(list(r.prediction.columns["p_best"][top]))
     assert len(ax.get_xticks()) == 6
+
+
+def test_plot_breakdown_whiskers_are_the_rank_json_intervals(tmp_path) -> None:
+    """Through the real CLI: the breakdown's printed (and drawn) interval of the best layout is
+    the one `rank --out x.json` reports; the figure's whiskers span the same interval."""
+    import json
+
+    from axoplan.machine import load_machine
+    from axoplan.model import load_model
+    from axoplan.ranking import rank
+    from axoplan.uncertainty import with_intervals
+    from axoplan.validate.plots import top_layouts
+    from tests.conftest import run_cli
+
+    args = ("--model", "5B", "--gpus", "64", "--machine", "alps")
+    r = run_cli("plot", "breakdown", *args, "--top", "4", "-o", str(tmp_path / "b.png"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    layout, _, t, low, high = r.stdout.splitlines()[2].split()
+    ranked = run_cli("rank", *args, "--out", str(tmp_path / "r.json"), "--top", "1")
+    assert ranked.returncode == 0, ranked.stderr
+    best = json.loads((tmp_path / "r.json").read_text())["rows"][0]
+    assert float(t) == pytest.approx(best["t_step_s"], rel=1e-5)
+    assert (float(low), float(high)) == pytest.approx((best["t_low_s"], best["t_high_s"]), rel=1e-5)
+    assert float(low) < float(t) < float(high)
+
+    ax = top_layouts(with_intervals(rank(load_model("5B"), load_machine("alps"), RunOptions(), 64)), 4).axes[0]
+    whisker = ax.collections[-1].get_segments()[0]  # the errorbar's vertical line of the first layout
+    assert (whisker[0][1], whisker[1][1]) == pytest.approx((best["t_low_s"], best["t_high_s"]), rel=1e-9)
+
+
+def test_p_best_counts_only_draws_that_beat_a_measured_time() -> None:
+    """With a measured time well below every candidate, almost no draw beats it; with one far
+    above, P(best) is the plain one and sums to 1."""
+    t0 = np.array([1.0, 1.05, 1.1])
+    jac = np.zeros((3, 1))
+    cov = np.eye(1) * 0.01
+    plain = intervals(t0, jac, cov, 0.05, samples=2000)
+    beaten = intervals(t0, jac, cov, 0.05, samples=2000, beat_s=0.8)
+    close = intervals(t0, jac, cov, 0.05, samples=2000, beat_s=1.0)
+    assert intervals(t0, jac, cov, 0.05, samples=2000, beat_s=10.0).p_best == pytest.approx(plain.p_best)
+    assert beaten.p_best.sum() < 0.01
+    assert 0.3 < close.p_best.sum() < 0.8 and np.all(close.p_best <= plain.p_best)

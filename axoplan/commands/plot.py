@@ -112,15 +112,21 @@ def breakdown(
     model_flags: ModelFlags,
 ) -> None:
     """Stacked predicted breakdown (GEMM, non-GEMM, optimizer, exposed communication per
-    axis) of the best layouts of --gpus GPUs."""
+    axis) of the best layouts of --gpus GPUs, each total with its 80% prediction interval."""
     from axoplan.machine import load_machine
     from axoplan.ranking import rank
+    from axoplan.report import text_table
+    from axoplan.uncertainty import with_intervals
     from axoplan.validate import plots
 
     plots.check_figure_path(output, force)
-    result = rank(model_flags.load(), load_machine(machine), run_options, gpus)
+    result = with_intervals(rank(model_flags.load(), load_machine(machine), run_options, gpus))
     plots.save_figure(plots.top_layouts(result, top), output, force=force)
-    typer.echo(f"wrote {output}")
+    cols, c = result.prediction.columns, result.candidates
+    rows = [[str(c.layout(i)), str(c.micro_batch[i]), f"{cols['t_step_s'][i]:.6g}", f"{cols['t_low_s'][i]:.6g}",
+             f"{cols['t_high_s'][i]:.6g}"] for i in [int(i) for i in result.order if result.reason[i] == 0][:top]]
+    typer.echo(text_table(["layout", "mbs", "s/iter", "80% low", "80% high"], rows, [False, True, True, True, True]))
+    typer.echo(f"\nwrote {output}")
 
 
 @shared_options()

@@ -7,7 +7,9 @@ minimises the sum of squares over the parameters' logarithms, inside the bounds 
 :data:`PARAMETERS`. Only parameters the training runs are sensitive to are fitted (a
 single-node data set says nothing about the network), and the fit starts from the
 machine's current values. One-sigma uncertainties come from the Jacobian at the optimum,
-``cov = s²·(JᵀJ)⁺`` with ``s² = Σr²/(m − n)``; in log space they are relative errors.
+the fit's ``s²·(JᵀJ)⁺`` with ``s² = Σr²/(m − n)`` combined with the prior spread by source
+(:func:`_uncertainty`), so a parameter the runs do not pin down keeps about its prior; in
+log space they are relative errors.
 
 Plans (not runs: repetitions stay together) are split at random, by ``seed``, into a
 training part and a held-out part; the error before and after the fit is reported on
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -30,8 +32,11 @@ from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, pl
 from axoplan.validate.records import Measured
 from axoplan.validate.yamledit import format_value
 
+if TYPE_CHECKING:
+    from axoplan.uncertainty import ParameterSpread
+
 __all__ = ["Parameter", "PARAMETERS", "FittedParameter", "Calibration", "calibrate", "split_holdout",
-           "parameter_value", "with_values", "select_parameters", "split_by_model", "HoldoutBy"]
+           "parameter_value", "with_values", "select_parameters", "split_by_model", "HoldoutBy", "refit"]
 
 _SENSITIVITY_STEP = 0.05  # relative change of a parameter when testing whether the runs see it
 _MIN_SENSITIVITY = 1e-4  # smallest log-change of any prediction that counts as "seen"
@@ -159,26 +164,28 @@ def _probes(p: Parameter, value: float) -> list[float]:
 
 
 def _scan_floors(predictor: Predictor, measured: np.ndarray, machine: Machine, params: Sequence[Parameter],
-                 start: np.ndarray) -> np.ndarray:
-    """Start each floor parameter at the best of a log-spaced scan (least squares sees no slope
-    where a floor does not bind)."""
+                 start: np.ndarray, points: int = 49) -> np.ndarray:
+    """Start each floor parameter at the best of a log-spaced scan and its current value (least
+    squares sees no slope where a floor does not bind)."""
     start = start.copy()
     for i, p in enumerate(params):
         if not p.floor:
             continue
-        trials = np.geomspace(p.low, p.high, 49)
+        trials = np.append(np.geomspace(p.low, p.high, points), np.exp(start[i]))
         cost = [float(np.sum(np.log(predictor.step_s(with_values(machine, {p.path: v})) / measured) ** 2))
                 for v in trials]
         start[i] = np.log(trials[int(np.argmin(cost))])
     return start
 
 
-def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine,
-         params: Sequence[Parameter]) -> tuple[dict[str, float], np.ndarray, float, list[bool]]:
+def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine, params: Sequence[Parameter],
+         scan_points: int = 49, max_nfev: int | None = None,
+         tol: float = 1e-8) -> tuple[dict[str, float], np.ndarray, float, list[bool]]:
     low = np.log([p.low for p in params])
     high = np.log([p.high for p in params])
     start = np.log([parameter_value(machine, p.path) for p in params])
-    start = np.clip(_scan_floors(predictor, measured, machine, params, start), low + 1e-9, high - 1e-9)
+    start = _scan_floors(predictor, measured, machine, params, start, scan_points)
+    start = np.clip(start, low + 1e-9, high - 1e-9)
     names = [p.path for p in params]
 
     def values(z: np.ndarray) -> dict[str, float]:
@@ -189,7 +196,7 @@ def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine,
         return np.log(predictor.step_s(with_values(machine, values(z))) / measured)
 
     result = least_squares(residuals, start, bounds=(low, high), method="trf", diff_step=1e-3,
-                           max_nfev=60 * len(params))
+                           max_nfev=max_nfev or 60 * len(params), ftol=tol, xtol=tol)
     cov, s = _log_covariance(result.jac, result.fun)
     at_bound = [bool(abs(z - lo) < 1e-6 or abs(z - hi) < 1e-6) for z, lo, hi in zip(result.x, low, high, strict=True)]
     return values(result.x), cov, s, at_bound
@@ -211,26 +218,38 @@ def _relative_sigma(cov: np.ndarray) -> list[float]:
 
 
 def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray, s: float) -> ParameterUncertainty:
-    """The fit's covariance (parameters without an estimate keep their prior spread) and model error ``s``."""
-    from axoplan.uncertainty import machine_spread
+    """The fit's information combined with the prior spread by source, and the model error ``s``.
 
-    prior, prior_sigma = machine_spread(machine)
-    paths = [p.path for p in params]
-    extra = [p for p in prior.paths if p not in paths]
-    full = np.zeros((len(paths) + len(extra),) * 2)
-    ok = np.isfinite(np.diag(cov)) & (np.diag(cov) > 0)
-    n = len(paths)
-    full[:n, :n] = np.where(np.outer(ok, ok), cov, 0.0)
-    diag_prior = dict(zip(prior.paths, np.diag(prior.log_cov), strict=True))
-    for i, p in enumerate(paths):
-        if not ok[i]:
-            full[i, i] = diag_prior.get(p, 0.16)
-    for j, p in enumerate(extra, start=n):
-        full[j, j] = diag_prior[p]
+    Covariance of the fitted log-parameters as in a Laplace approximation with a Gaussian
+    prior (Bishop, *Pattern Recognition and Machine Learning*, 2006, §4.4):
+    ``Σ = (F + Σ₀⁻¹)⁻¹``, the fit's information ``F = (s²·(JᵀJ)⁺)⁺ = JᵀJ/s²`` and ``Σ₀`` the
+    diagonal prior of how each number is sourced (docs/uncertainty.md). A parameter the runs
+    barely constrain (at a bound, or seen only through another that dominates) keeps about its
+    prior spread instead of an unbounded ``s²·(JᵀJ)⁺``; parameters not fitted keep the
+    machine's spread. The prior is the one by source, never an earlier fit's covariance, so
+    refitting on runs that include the earlier ones does not count them twice.
+    """
+    from axoplan.uncertainty import machine_spread, prior_spread
+
+    current, prior_sigma = machine_spread(machine)
     sources = machine.uncertainty.sources if machine.uncertainty is not None else {}
+    prior_var = dict(zip(*_paths_and_variances(prior_spread(dict(sources))), strict=True))
+    paths = [p.path for p in params]
+    n = len(paths)
+    info = np.linalg.pinv(cov) if np.isfinite(cov).all() else np.zeros((n, n))
+    post = np.linalg.inv(info + np.diag([1.0 / prior_var[p] for p in paths]))
+    extra = [p for p in current.paths if p not in paths]
+    current_var = dict(zip(*_paths_and_variances(current), strict=True))
+    full = np.zeros((n + len(extra),) * 2)
+    full[:n, :n] = (post + post.T) / 2.0
+    full[n:, n:] = np.diag([current_var[p] for p in extra])
     return ParameterUncertainty(sources=sources, log_cov_paths=(*paths, *extra),
                                 log_cov=tuple(tuple(float(format_value(v)) for v in row) for row in full),
                                 model_error=float(format_value(s)) if np.isfinite(s) else prior_sigma)
+
+
+def _paths_and_variances(spread: ParameterSpread) -> tuple[tuple[str, ...], list[float]]:
+    return spread.paths, [float(v) for v in np.diag(spread.log_cov)]
 
 
 def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[str] | None = None,
@@ -255,9 +274,10 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
                            f"give at least {len(chosen) + 1} distinct plans to fit on (more runs, or a smaller "
                            f"--holdout), or fit fewer with --params")
     fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen)
-    sigma = _relative_sigma(cov)
     values = {k: float(format_value(v)) for k, v in fitted_values.items()}  # as the YAML will hold them
-    calibrated = with_values(machine, values).model_copy(update={"uncertainty": _uncertainty(machine, chosen, cov, s)})
+    spread = _uncertainty(machine, chosen, cov, s)
+    sigma = _relative_sigma(np.array(spread.log_cov)[: len(chosen), : len(chosen)])  # the stored, prior-bounded one
+    calibrated = with_values(machine, values).model_copy(update={"uncertainty": spread})
     fitted = tuple(FittedParameter(p.path, parameter_value(machine, p.path), values[p.path], s, b)
                    for p, s, b in zip(chosen, sigma, at_bound, strict=True))
     unused = tuple(p.path for p in _by_path(parameters) if p not in chosen)
@@ -266,3 +286,26 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
     held = (summarize(before.iloc[hold], top_k), summarize(after.iloc[hold], top_k)) if len(hold) else (None, None)
     return Calibration(machine, calibrated, fitted, unused, summarize(before.iloc[train], top_k),
                        summarize(after.iloc[train], top_k), held[0], held[1], holdout, seed)
+
+
+def refit(plans: Sequence[PlanRuns], machine: Machine, parameters: Sequence[str], max_nfev: int = 30,
+          tol: float = 1e-3) -> Machine:
+    """`machine` refitted to all `plans` (no held-out part), started from its current values.
+
+    The inner step of the suggest-measure-calibrate loop (:mod:`axoplan.validate.loop`): the
+    named parameters only, no sensitivity probes or before/after reports, floors started from
+    a coarse 13-point scan or their current value (a floor set from a few plans may stop
+    binding, and least squares alone would never move it back), and at most `max_nfev`
+    residual evaluations, stopping once the cost or the log-parameters change by less than
+    `tol` (relative; 1e-3 is a 0.1% change, far below the model error). The fitted
+    machine carries the fit's covariance and model error as :func:`calibrate` stores them.
+    Fewer plans than parameters + 1 cannot determine the fit: `machine` comes back unchanged.
+    """
+    chosen = _by_path(parameters)
+    if len(plans) <= len(chosen):
+        return machine
+    predictor = Predictor([p.plan for p in plans])
+    measured = np.array([p.measured_s for p in plans])
+    fitted_values, cov, s, _ = _fit(predictor, measured, machine, chosen, scan_points=13, max_nfev=max_nfev, tol=tol)
+    values = {k: float(format_value(v)) for k, v in fitted_values.items()}
+    return with_values(machine, values).model_copy(update={"uncertainty": _uncertainty(machine, chosen, cov, s)})

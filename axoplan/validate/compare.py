@@ -29,7 +29,7 @@ from axoplan.validate import metrics
 from axoplan.validate.records import Measured
 
 __all__ = ["PlanRuns", "aggregate", "Predictor", "Summary", "Validation", "validate", "summarize",
-           "PREDICTED_PARTS", "plan_table", "scenario_key"]
+           "PREDICTED_PARTS", "plan_table", "scenario_key", "plan_candidates"]
 
 PREDICTED_PARTS: dict[str, str] = {
     "gemm": "t_gemm_s", "non-GEMM": "t_nongemm_s", "optimizer": "t_optimizer_s",
@@ -89,7 +89,7 @@ class Predictor:
         self._groups = []
         for idx in groups.values():
             first = plans[idx[0]]
-            cands = Candidates(*(np.array(v) for v in zip(*(_candidate_row(plans[i]) for i in idx), strict=True)))
+            cands = plan_candidates([plans[i] for i in idx])
             self._groups.append((first.model, first.options, first.world_size, cands, np.array(idx)))
 
     def __call__(self, machine: Machine) -> dict[str, np.ndarray]:
@@ -115,6 +115,12 @@ class Predictor:
         for model, options, _, cands, idx in self._groups:
             out[idx] = predict(model, machine, options, cands).columns["t_step_s"]
         return out
+
+
+def plan_candidates(plans: Sequence[LaunchConfig]) -> Candidates:
+    """The plans' layouts, micro-batches and options as candidates of one vectorised prediction
+    (meaningful when the plans share a model and step options, as a scenario's do)."""
+    return Candidates(*(np.array(v) for v in zip(*(_candidate_row(p) for p in plans), strict=True)))
 
 
 def _candidate_row(plan: LaunchConfig) -> tuple[int, int, int, int, int, bool, bool]:

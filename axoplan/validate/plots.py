@@ -119,7 +119,9 @@ def breakdown(table: pd.DataFrame, max_plans: int = 12, title: str = "") -> Figu
 
 
 def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
-    """Predicted breakdown of the `top` best feasible layouts of a ranking."""
+    """Predicted breakdown of the `top` best feasible layouts of a ranking; a whisker on each
+    total marks its prediction interval when the ranking carries the interval columns of
+    :func:`axoplan.uncertainty.with_intervals` (docs/uncertainty.md)."""
     feasible = [int(i) for i in ranking.order if ranking.reason[i] == 0][:top]
     if not feasible:
         raise AxoplanError(f"no feasible layout of {ranking.world_size} GPUs to draw")
@@ -132,6 +134,8 @@ def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
         if values.any():
             ax.bar(x, values, 0.6, bottom=base, color=_COLORS[part], label=part)
             base += values
+    if "t_low_s" in ranking.prediction.columns:
+        _interval_whiskers(ax, x, ranking, feasible)
     c = ranking.candidates
     labels = [f"{c.layout(i)}\nmbs {c.micro_batch[i]}" for i in feasible]
     ax.set_xticks(x, labels, fontsize="small")
@@ -140,6 +144,14 @@ def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
                  f"{ranking.machine.name}")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _interval_whiskers(ax: Axes, x: np.ndarray, ranking: Ranking, rows: list[int]) -> None:
+    """Whiskers from each total's interval low to high (``t_low_s``, ``t_high_s``)."""
+    t = ranking.column("t_step_s")[rows]
+    low, high = ranking.column("t_low_s")[rows], ranking.column("t_high_s")[rows]
+    ax.errorbar(x, t, yerr=[t - low, high - t], fmt="none", ecolor="black", capsize=4,
+                label="prediction interval")
 
 
 def scaling_points(machine: Machine, models: Sequence[ModelSpec], gpu_counts: Sequence[int],
