@@ -31,6 +31,30 @@ __all__ = ["Machine", "load_machine", "shipped_machines", "machines_dir", "Orien
 Fraction = float
 
 
+class Reserve(Frozen):
+    """HBM a training process holds beyond its live tensors, per device, from its parts.
+
+    ``hidden + runtime + per_communicator · communicators + fragmentation · hbm_gb`` GB. The
+    defaults are NVIDIA/NCCL figures (docs/decisions.md, issue 9, "Allocator reserve"):
+    the CUDA context with lazy module loading is 0.29–0.4 GB (PyTorch PR 86509, issue 109888)
+    and a training process loads cuBLAS, cuDNN, NCCL and fused kernels on top [estimate: 1.0 GB
+    in all]; one NCCL process group held 544 MB (2 ranks) to 688 MB (more) on 4×A100 NVLink
+    (NCCL issue 964) [0.6 GB]; AxoNN keeps five communicators per rank (X, Y, Z, data and
+    the world); the caching allocator's fragmentation averaged 9.2 GB of an 80 GB A100
+    across eight LLM trainings (GMLake, Guo et al., ASPLOS 2024) [0.115 of HBM]."""
+
+    hidden_gb: float = Field(0.0, ge=0, description="HBM the system does not expose to the process, GB.")
+    runtime_gb: float = Field(1.0, ge=0, description="Runtime context and loaded kernel libraries, GB.")
+    per_communicator_gb: float = Field(0.6, ge=0, description="Collective-library buffers per communicator, GB.")
+    communicators: int = Field(5, ge=0, description="Communicators per rank (AxoNN: X, Y, Z, data, world).")
+    fragmentation: float = Field(0.115, ge=0, lt=1, description="Caching-allocator fragmentation, fraction of HBM.")
+
+    def gb(self, hbm_gb: float) -> float:
+        """The reserve of a device with `hbm_gb` of HBM, GB."""
+        return (self.hidden_gb + self.runtime_gb + self.per_communicator_gb * self.communicators
+                + self.fragmentation * hbm_gb)
+
+
 class Device(Frozen):
     """One accelerator as the framework sees it (a GPU, or one GCD of an MI250X)."""
 
@@ -38,11 +62,12 @@ class Device(Frozen):
     peak_bf16_tflops: PositiveFloat = Field(description="Dense bf16 peak, TFLOP/s per device.")
     hbm_gb: PositiveFloat = Field(description="HBM capacity per device, GB (1e9 bytes).")
     hbm_bandwidth_gbs: PositiveFloat = Field(description="HBM bandwidth per device, GB/s.")
-    reserved_gb: float = Field(
-        3.0, ge=0, description="Allocator reserve: HBM not available to live tensors (runtime context, "
-        "collective-library buffers, caching-allocator fragmentation), taken off hbm_gb once; "
-        "default 3.0 GB [assumed; calibrate]."
-    )
+    reserve: Reserve = Field(
+        default_factory=Reserve, description="HBM not available to live tensors (runtime context, "
+        "collective-library buffers, caching-allocator fragmentation), from its sourced parts.")
+    reserved_gb: float | None = Field(
+        None, ge=0, description="A measured reserve, GB (e.g. hbm_gb minus torch.cuda.mem_get_info's free "
+        "memory once the communicators are built, plus fragmentation); replaces `reserve` when given.")
     kind: Literal["gpu", "cpu"] = Field(
         "gpu", description="gpu: runs use NCCL/RCCL; cpu: one gloo rank per 'device' (the executor on a CPU box)."
     )
@@ -269,7 +294,13 @@ class Machine(Frozen):
 
     @property
     def hbm_usable_bytes(self) -> float:
-        return (self.device.hbm_gb - self.device.reserved_gb) * 1e9
+        return (self.device.hbm_gb - self.reserved_gb) * 1e9
+
+    @property
+    def reserved_gb(self) -> float:
+        """HBM per device not available to live tensors, GB: the measured figure, or the sum of the parts."""
+        d = self.device
+        return d.reserved_gb if d.reserved_gb is not None else d.reserve.gb(d.hbm_gb)
 
     @property
     def peak_flops(self) -> float:
