@@ -7,7 +7,9 @@ kernel above its trim threshold (mallopt(3): ``M_MMAP_THRESHOLD``, 128 KiB at st
 raised dynamically; ``M_TRIM_THRESHOLD``, twice that), so memory freed by one step of the
 model is returned and the next step faults it in again, one 4 KiB page at a time. Measured
 on the development machine (docs/benchmarks.md): about 34,000 minor page faults per
-prediction; 106 ms warm with glibc's defaults, 43 ms with both thresholds raised.
+prediction; 106 ms warm with glibc's defaults, 43 ms with both thresholds raised. The first
+prediction of a process faults its memory in either way (a single `axoplan rank` or
+`calibrate`, whose predictions are small, take the same time with and without).
 
 :func:`keep_freed_memory` raises both, once, at the start of the `axoplan` command. A library
 user may call it too, or set ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` (glibc's

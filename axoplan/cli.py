@@ -39,8 +39,9 @@ plot.register(app, user_errors)
 def main() -> None:
     """Console-script entry point: a usage mistake (a bad flag or value) is one line too, exit 2.
 
-    The allocator keeps freed arrays first (:mod:`axoplan.allocator`): a prediction's arrays
-    are then reused instead of faulted in again, about 2.5x faster ranking."""
+    The allocator keeps freed arrays first (:mod:`axoplan.allocator`): a repeated prediction
+    (`plot scaling`'s GPU counts, a notebook's loop) reuses the memory of the one before instead
+    of faulting it in again, 2.5x faster for 52,568 candidates; a single `rank` is unchanged."""
     from axoplan.allocator import keep_freed_memory
 
     keep_freed_memory()

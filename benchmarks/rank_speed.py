@@ -2,6 +2,7 @@
 
     python benchmarks/rank_speed.py            # full run (about a minute on 2 cores)
     python benchmarks/rank_speed.py --quick    # fewer repetitions
+    python benchmarks/rank_speed.py --glibc-defaults   # without the `axoplan` command's allocator setting
 
 Measures, for 320B on Frontier:
 1. the vectorised cost model over the whole search space (layouts x micro-batch x recompute
@@ -84,7 +85,13 @@ def cli_wall(repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="leave glibc's mmap/trim thresholds alone (the command raises them: axoplan/allocator.py)")
     args = parser.parse_args()
+    if not args.glibc_defaults:
+        from axoplan.allocator import keep_freed_memory
+
+        print(f"allocator thresholds raised as the axoplan command does: {keep_freed_memory()}")
     repeats, sample = (3, 200) if args.quick else (10, 1000)
     print(f"{'GPUs':>9} {'candidates':>10} {'rank cold ms':>12} {'model warm ms':>13} {'cand/s':>12} "
           f"{'loop us/cand':>12} {'loop total s':>12} {'speed-up':>9}")
