@@ -51,6 +51,10 @@ class Ranking:
     def column(self, name: str) -> np.ndarray:
         return self.prediction.columns[name]
 
+    def top_feasible(self, k: int) -> list[int]:
+        """Candidate indices of the k best feasible rows, best first."""
+        return [int(i) for i in self.order[: self.num_feasible][:k]]
+
     def reason_text(self, i: int) -> str:
         """Why candidate i is infeasible, in words ('' if it is feasible)."""
         return self.feasibility.text(i)

@@ -14,7 +14,7 @@ __all__ = ["intervals_figure"]
 def intervals_figure(r: Ranking, top: int = 10) -> Figure:
     """Point prediction with its interval (left axis) and P(best) bars (right axis) of the
     `top` best feasible layouts; `r` carries :func:`axoplan.uncertainty.with_intervals` columns."""
-    rows = [int(i) for i in r.order if r.reason[i] == 0][:top]
+    rows = r.top_feasible(top)
     if not rows:
         raise AxoplanError(f"no feasible layout of {r.world_size} GPUs to draw")
     cols = r.prediction.columns

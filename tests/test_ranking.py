@@ -19,6 +19,15 @@ def test_feasible_rows_first_then_by_time():
     assert (np.diff(t) >= 0).all()
 
 
+def test_top_feasible_is_the_fastest_feasible_rows_in_order():
+    r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 512)
+    feasible = np.flatnonzero(r.reason == 0)
+    fastest = feasible[np.argsort(r.column("t_step_s")[feasible], kind="stable")]
+    assert 0 < r.num_feasible < len(r.reason)  # both kinds of row present, so the cut matters
+    assert r.top_feasible(5) == [int(i) for i in fastest[:5]]
+    assert r.top_feasible(len(r.reason)) == [int(i) for i in fastest]
+
+
 def test_every_reason_is_explained():
     r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 512)
     seen = set()

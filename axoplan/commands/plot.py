@@ -124,7 +124,7 @@ def breakdown(
     plots.save_figure(plots.top_layouts(result, top), output, force=force)
     cols, c = result.prediction.columns, result.candidates
     rows = [[str(c.layout(i)), str(c.micro_batch[i]), f"{cols['t_step_s'][i]:.6g}", f"{cols['t_low_s'][i]:.6g}",
-             f"{cols['t_high_s'][i]:.6g}"] for i in [int(i) for i in result.order if result.reason[i] == 0][:top]]
+             f"{cols['t_high_s'][i]:.6g}"] for i in result.top_feasible(top)]
     typer.echo(text_table(["layout", "mbs", "s/iter", "80% low", "80% high"], rows, [False, True, True, True, True]))
     typer.echo(f"\nwrote {output}")
 

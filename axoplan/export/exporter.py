@@ -42,7 +42,7 @@ def top_indices(source: Ranking | SavedRanking, k: int) -> list[int]:
     """Candidate indices of the k best feasible rows, best first."""
     if isinstance(source, SavedRanking):
         return source.top(k)
-    return [int(i) for i in source.order if source.reason[i] == 0][:k]
+    return source.top_feasible(k)
 
 
 def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,

@@ -233,13 +233,13 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
 
     current, prior_sigma = machine_spread(machine)
     sources = machine.uncertainty.sources if machine.uncertainty is not None else {}
-    prior_var = dict(zip(*_paths_and_variances(prior_spread(dict(sources))), strict=True))
+    prior_var = _variances(prior_spread(dict(sources)))
     paths = [p.path for p in params]
     n = len(paths)
     info = np.linalg.pinv(cov) if np.isfinite(cov).all() else np.zeros((n, n))
     post = np.linalg.inv(info + np.diag([1.0 / prior_var[p] for p in paths]))
     extra = [p for p in current.paths if p not in paths]
-    current_var = dict(zip(*_paths_and_variances(current), strict=True))
+    current_var = _variances(current)
     full = np.zeros((n + len(extra),) * 2)
     full[:n, :n] = (post + post.T) / 2.0
     full[n:, n:] = np.diag([current_var[p] for p in extra])
@@ -248,8 +248,9 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
                                 model_error=float(format_value(s)) if np.isfinite(s) else prior_sigma)
 
 
-def _paths_and_variances(spread: ParameterSpread) -> tuple[tuple[str, ...], list[float]]:
-    return spread.paths, [float(v) for v in np.diag(spread.log_cov)]
+def _variances(spread: ParameterSpread) -> dict[str, float]:
+    """Each parameter's log-variance (the diagonal of the spread's covariance)."""
+    return {p: float(v) for p, v in zip(spread.paths, np.diag(spread.log_cov), strict=True)}
 
 
 def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[str] | None = None,

@@ -122,7 +122,7 @@ def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
     """Predicted breakdown of the `top` best feasible layouts of a ranking; a whisker on each
     total marks its prediction interval when the ranking carries the interval columns of
     :func:`axoplan.uncertainty.with_intervals` (docs/uncertainty.md)."""
-    feasible = [int(i) for i in ranking.order if ranking.reason[i] == 0][:top]
+    feasible = ranking.top_feasible(top)
     if not feasible:
         raise AxoplanError(f"no feasible layout of {ranking.world_size} GPUs to draw")
     fig = Figure(figsize=(max(6.0, 0.8 * len(feasible) + 2.5), 4.8), layout="constrained")
