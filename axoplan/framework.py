@@ -1,9 +1,13 @@
 """Framework profiles: what one transformer block costs the host and the device in kernel launches.
 
 An eager framework (PyTorch without graphs) issues every operation from Python: the host
-spends ``host.op_us`` (machine YAML) per op, so a micro-batch never takes less than
-``ops × op_us`` however small its kernels are, and every kernel it launches costs the
-device ``device.kernel_gap_us`` besides its work. How many ops and kernels one block
+spends ``host.op_us`` (machine YAML) per op and ``host.launch_us`` per kernel it launches,
+so a micro-batch never takes less than ``ops × op_us + kernels × launch_us`` however small
+its kernels are, and every kernel costs the device ``device.kernel_gap_us`` besides its work.
+A profile's ``host_ops`` are op-equivalents: the framework's host time in units of one op of
+`axoplan probe`'s chain on the same core, measured by replaying the framework's Python
+(``benchmarks/host_replay.py``) or, where no replay exists, counted from its code (which
+misses module calls, Python autograd functions and other host work that is not an op). How many ops and kernels one block
 issues depends on the framework (which ops it fuses, whether it checkpoints), not on the
 machine: a profile in ``frameworks/<name>.yaml`` gives the counts, each line with where it
 was counted. A run's framework is a run option (``RunOptions.framework``); the measured-run
@@ -34,7 +38,8 @@ class PhaseCounts(Frozen):
     """One block's work in one phase for one micro-batch, collectives excluded (they are
     counted from the cost model's collective calls)."""
 
-    host_ops: NonNegativeInt = Field(description="Framework ops the host issues (each costs host.op_us).")
+    host_ops: NonNegativeInt = Field(description="Host work in op-equivalents (each costs host.op_us): measured "
+                                     "by a replay, or counted ops.")
     kernels: NonNegativeInt = Field(description="Device kernels launched that are not GEMMs or attention "
                                     "(each costs device.kernel_gap_us on the device).")
     gemm_kernels: NonNegativeInt = Field(description="GEMM and attention kernels launched (their time is "

@@ -82,7 +82,11 @@ class Host(Frozen):
     """The CPU that drives a device from an eager framework (PyTorch without graphs)."""
 
     op_us: PositiveFloat = Field(
-        description="Host time to issue one framework op (Python, dispatcher, allocator, launch), microseconds.")
+        description="Host time of one framework op on host tensors (Python, dispatcher, allocator), "
+        "microseconds: the unit of a framework profile's host_ops.")
+    launch_us: float = Field(
+        0.0, ge=0, description="Host time to launch one kernel on the device, on top of op_us (the driver's "
+        "launch call; 0 for a CPU 'device'), microseconds.")
     overlaps_device: bool = Field(
         True, description="true: kernels run asynchronously while the host issues the next ones (a GPU); "
         "false: the host runs the op itself, so its overhead adds to the compute (a CPU 'device').")

@@ -170,6 +170,7 @@ def test_probe_on_one_rank_writes_the_gemm_table_and_keeps_the_machines_bandwidt
     # the host's cost per framework op (issue 11): measured, merged, and of the order a CPU dispatch costs
     assert 0.5 < fragment["host"]["op_us"] < 500 and "measured" in out.read_text()
     assert machine.host.op_us == fragment["host"]["op_us"]
+    assert fragment["host"]["launch_us"] == machine.host.launch_us == 0.0  # a CPU launches no kernels
     assert machine.host.overlaps_device == load_machine("frontier").host.overlaps_device
 
 

@@ -421,12 +421,15 @@ def _host_s(
 ) -> tuple[Floats, Floats]:
     """Host seconds and device kernel-gap seconds per step.
 
-    Each host op costs ``host.op_us``; each collective call on a group of more than one rank is
-    one more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
+    Each host op costs ``host.op_us`` and each kernel launched on the device another
+    ``host.launch_us`` (the driver's launch call: about 3 µs for an empty kernel, Boyer,
+    "CUDA kernel overhead", U. Virginia; 5–20 µs CPU-side in PyTorch traces, Meta's
+    HolisticTraceAnalysis docs); each collective call on a group of more than one rank is one
+    more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
     each kernel costs the device ``device.kernel_gap_us`` besides its work."""
     ops, kernels = _per_micro_counts(profile, model, c)
     calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms if t.phase != "step") / n_micro
-    host = n_micro * (ops + calls) * machine.host.op_us * 1e-6
+    host = n_micro * ((ops + calls) * machine.host.op_us + (kernels + calls) * machine.host.launch_us) * 1e-6
     gaps = n_micro * (kernels + calls) * machine.device.kernel_gap_us * 1e-6
     return host, gaps
 

@@ -80,7 +80,9 @@ class ProbeResult(Frozen):
     gemms: tuple[GemmTime, ...]
     collectives: tuple[CollectivePoint, ...]
     host_op_us: float | None = Field(None, gt=0, description="Host time per eager op (forward op or backward "
-                                     "node) of a chain of tiny ops with autograd, median over ranks.")
+                                     "node) of a chain of tiny ops with autograd on host tensors, median over ranks.")
+    host_launch_us: float | None = Field(None, ge=0, description="What the same chain on the device costs the host "
+                                         "per op beyond host_op_us: the kernel launch (0 on a CPU).")
 
 
 def group_shapes(world_size: int) -> list[tuple[int, int]]:
@@ -192,9 +194,13 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
 def _host_lines(result: ProbeResult) -> list[str]:
     if result.host_op_us is None:
         return []
-    return ["host:",
-            f"  op_us: {_num(result.host_op_us)}  # measured: a chain of 200 tiny ops (linear, view, transpose, "
-            "GeLU) forward and backward with autograd, time per op or backward node"]
+    lines = ["host:",
+             f"  op_us: {_num(result.host_op_us)}  # measured: a chain of 200 tiny ops (linear, view, transpose, "
+             "GeLU) forward and backward with autograd on host tensors, time per op or backward node"]
+    if result.host_launch_us is not None:
+        lines.append(f"  launch_us: {_num(result.host_launch_us)}  # measured: the same chain on the device, "
+                     "minus op_us, per op")
+    return lines
 
 
 def orientation_speedups(result: ProbeResult) -> dict[str, float]:

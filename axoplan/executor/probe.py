@@ -67,7 +67,10 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
     shapes = config.gemm_shapes or tuple(grid_gemm_shapes([512, 2048, 8192] if gpu else [64, 256, 1024]))
     sizes = config.message_bytes or tuple(message_sizes(64 << 10, 256 << 20) if gpu else
                                           message_sizes(4 << 10, 4 << 20))
-    host_op_us = _median_over_ranks([host_op_us_measured(device, dtype, config.repeats)], device)[0]
+    chains = [host_op_us_measured(torch.device("cpu"), torch.float32, config.repeats)]
+    if device.type != "cpu":  # the same chain on the device: what it costs beyond the host op is the launch
+        chains.append(host_op_us_measured(device, dtype, config.repeats))
+    host_op_us, *device_op_us = _median_over_ranks(chains, device)
     timed = [(shape, o) for shape in shapes for o in config.orientations]
     gemm_s = _median_over_ranks([_gemm_s(shape, o, device, dtype, config.repeats) for shape, o in timed], device)
     labels = dict(zip(shapes, config.gemm_labels, strict=False))
@@ -86,7 +89,8 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
                        dtype=str(dtype).removeprefix("torch."), torch_version=torch.__version__,
                        gemms=tuple(GemmTime(m=m, n=n, k=k, orientation=o, label=labels.get((m, n, k), ""), seconds=s)
                                    for ((m, n, k), o), s in zip(timed, gemm_s, strict=True)),
-                       collectives=tuple(points), host_op_us=host_op_us)
+                       collectives=tuple(points), host_op_us=host_op_us,
+                       host_launch_us=max(device_op_us[0] - host_op_us, 0.0) if device_op_us else 0.0)
 
 
 HOST_CHAIN = 50  # blocks of four ops: linear, view, transpose, GeLU
@@ -96,7 +100,8 @@ def host_op_us_measured(device: torch.device, dtype: torch.dtype, repeats: int) 
     """Host microseconds per eager op: a chain of tiny ops (8x8, so the device work is
     negligible and the host's dispatch sets the pace, as in a host-bound micro-batch) run
     forward and backward with autograd; the time over forward ops plus backward nodes (the
-    two counts of a framework profile, ``frameworks/*.yaml``)."""
+    two counts of a framework profile, ``frameworks/*.yaml``). On host tensors this is the
+    unit ``host.op_us``; on a GPU the difference from it is the launch, ``host.launch_us``."""
     x = torch.randn(8, 8, device=device, dtype=dtype, requires_grad=True)
     w = torch.randn(8, 8, device=device, dtype=dtype, requires_grad=True)
 

@@ -1,0 +1,424 @@
+"""Host cost of one Megatron-DeepSpeed transformer block, measured by replaying its Python.
+
+    python benchmarks/host_replay.py [--repeats 40] [--layers 8]
+
+`frameworks/megatron-deepspeed.yaml` prices the host side of a block in *op-equivalents*:
+the block's host time divided by the host time of one op of `axoplan probe`'s chain (a
+tiny linear, view, transpose or GeLU, forward or backward, measured the same way on the same
+core: ``axoplan.executor.probe.host_op_us_measured``). A machine's ``host.op_us`` is that one
+op on its own host (measured by `axoplan probe` on the GPU host, or assumed), so
+``op-equivalents × host.op_us`` is the block's host time there. The ratio, unlike a time,
+carries from the core it was measured on to another.
+
+Counting the ops by reading the code (what the profile did before) misses what is not an
+op: module calls, Python ``autograd.Function`` objects in forward and backward (Megatron's
+tensor-parallel mappings, apex's fused LayerNorm, the fused softmax and bias-GeLU), the
+TorchScript call of the fused bias-dropout-add, the RNG tracker's fork around dropout and
+the checkpoint's state save and restore. So this script *replays* the block instead: the
+module and function structure of ``ParallelTransformerLayer`` at Megatron-DeepSpeed commit
+066632b (``megatron/model/transformer.py``, ``megatron/mpu/layers.py``, ``mappings.py``,
+``random.py``; apex ``FusedLayerNormAffineFunction``; ``FusedScaleMaskSoftmax`` with the
+causal kernel), written by us from that structure, on tensors so small (8 tokens, hidden
+32) that the arithmetic is negligible and the host's cost is what is timed. This is the
+method of vTrain itself, which profiles a re-implementation of the GPT block rather than
+Megatron's code (``VIA-Research/vTrain``, ``src/model/gpt_modeling.py``).
+
+The replica runs on the CPU, so three things differ from a GPU host, and are left as they
+are: a CUDA launch is not paid (the probe's op on the GPU host includes it, so pricing in
+op-equivalents puts it back in proportion), the CPU's RNG state is 5 kB where CUDA's is 16
+bytes, and ``torch.tensor(0.0, device=cuda)`` is a host-to-device copy on a GPU but a plain
+allocation here. Tensor-parallel mappings are identities here, as in a run on one GPU; the
+cost model counts each collective call separately.
+
+Prints the three figures of the profile and the times behind them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+TOKENS, BATCH, HIDDEN, HEADS = 8, 1, 32, 4
+
+
+class _CopyToRegion(torch.autograd.Function):
+    """mpu.mappings._CopyToModelParallelRegion: identity forward, all-reduce of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """mpu.mappings._ReduceFromModelParallelRegion: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return grad
+
+
+class _FusedLayerNorm(torch.autograd.Function):
+    """apex FusedLayerNormAffineFunction: contiguous() of the three inputs, one kernel each way."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, shape, eps):  # type: ignore[no-untyped-def]
+        x_, w_, b_ = x.contiguous(), weight.contiguous(), bias.contiguous()
+        out, mean, rstd = torch.native_layer_norm(x_, shape, w_, b_, eps)
+        ctx.save_for_backward(x_, w_, b_, mean, rstd)
+        ctx.shape = shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        x_, w_, b_, mean, rstd = ctx.saved_tensors
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            grad.contiguous(), x_, ctx.shape, mean, rstd, w_, b_, [True, True, True])
+        return dx, dw, db, None, None
+
+
+class _CausalSoftmax(torch.autograd.Function):
+    """ScaledUpperTriangMaskedSoftmax: one fused kernel forward, one backward."""
+
+    @staticmethod
+    def forward(ctx, x, scale):  # type: ignore[no-untyped-def]
+        probs = torch.softmax(x * scale, dim=-1)
+        ctx.save_for_backward(probs)
+        ctx.scale = scale
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (probs,) = ctx.saved_tensors
+        return torch._softmax_backward_data(grad, probs, -1, probs.dtype) * ctx.scale, None
+
+
+@torch.jit.script
+def _bias_gelu(bias: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x = bias + y
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
+@torch.jit.script
+def _bias_gelu_back(g: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    x = bias + y
+    t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+    return t * 0.5 * g * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * g * (1 + t)
+
+
+class _GeLU(torch.autograd.Function):
+    """megatron.model.fused_bias_gelu.GeLUFunction: TorchScript forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x, bias):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x, bias)
+        return _bias_gelu(bias, x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        x, bias = ctx.saved_tensors
+        tmp = _bias_gelu_back(grad, x, bias)
+        return tmp, tmp
+
+
+def _bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, prob: float,
+                      training: bool) -> torch.Tensor:
+    return residual + F.dropout(x + bias, p=prob, training=training)
+
+
+@torch.jit.script
+def _bias_dropout_add_train(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                            prob: float) -> torch.Tensor:
+    return _bias_dropout_add(x, bias, residual, prob, True)
+
+
+class _RngTracker:
+    """mpu.random.CudaRNGStatesTracker: one named state, forked around dropout."""
+
+    def __init__(self) -> None:
+        self.state = torch.get_rng_state()
+
+    @contextlib.contextmanager
+    def fork(self) -> Iterator[None]:
+        orig = torch.get_rng_state()
+        torch.set_rng_state(self.state)
+        try:
+            yield
+        finally:
+            self.state = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+
+class _LayerNorm(torch.nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.shape = [hidden]
+        self.weight = torch.nn.Parameter(torch.ones(hidden))
+        self.bias = torch.nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _FusedLayerNorm.apply(x, self.weight, self.bias, self.shape, 1e-5)
+
+
+class _ColumnParallel(torch.nn.Module):
+    def __init__(self, n_in: int, n_out: int, skip_bias_add: bool) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_out, n_in) / math.sqrt(n_in))
+        self.bias = torch.nn.Parameter(torch.zeros(n_out))
+        self.skip_bias_add = skip_bias_add
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        bias = None if self.skip_bias_add else self.bias
+        out = F.linear(_CopyToRegion.apply(x), self.weight, bias)
+        return out, (self.bias if self.skip_bias_add else None)
+
+
+class _RowParallel(torch.nn.Module):
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_out, n_in) / math.sqrt(n_in))
+        self.bias = torch.nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _ReduceFromRegion.apply(F.linear(x, self.weight)), self.bias
+
+
+class _ScaleMaskSoftmax(torch.nn.Module):
+    """FusedScaleMaskSoftmax on the causal fused path: view to 3-D, the kernel, view back."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, sq, sk = x.size()
+        probs = _CausalSoftmax.apply(x.view(-1, sq, sk), self.scale)
+        return probs.view(b, n, sq, sk)
+
+
+class _Attention(torch.nn.Module):
+    """ParallelAttention.forward (self-attention, no KV cache), unfused."""
+
+    def __init__(self, hidden: int, heads: int, layer_number: int, tracker: _RngTracker) -> None:
+        super().__init__()
+        self.qkv = _ColumnParallel(hidden, 3 * hidden, skip_bias_add=False)
+        self.dense = _RowParallel(hidden, hidden)
+        self.heads, self.head_dim, self.hidden = heads, hidden // heads, hidden
+        self.norm_factor = math.sqrt(self.head_dim) * layer_number
+        self.softmax = _ScaleMaskSoftmax(float(layer_number))
+        self.dropout = torch.nn.Dropout(0.1)
+        self.tracker = tracker
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mixed, _ = self.qkv(x)
+        mixed = mixed.view(*mixed.size()[:-1], self.heads, 3 * self.head_dim)
+        query, key, value = torch.split(mixed, mixed.size()[-1] // 3, dim=mixed.dim() - 1)
+        size = (query.size(1), query.size(2), query.size(0), key.size(0))
+        query = query.view(size[2], size[0] * size[1], -1)
+        key = key.view(size[3], size[0] * size[1], -1)
+        scores = torch.empty(size[0] * size[1], size[2], size[3], dtype=query.dtype)
+        scores = torch.baddbmm(scores, query.transpose(0, 1), key.transpose(0, 1).transpose(1, 2),
+                               beta=0.0, alpha=1.0 / self.norm_factor)
+        probs = self.softmax(scores.view(*size))
+        with self.tracker.fork():
+            probs = self.dropout(probs)
+        size = (value.size(1), value.size(2), query.size(0), value.size(3))
+        value = value.view(value.size(0), size[0] * size[1], -1)
+        probs = probs.view(size[0] * size[1], size[2], -1)
+        context = torch.bmm(probs, value.transpose(0, 1)).view(*size)
+        context = context.permute(2, 0, 1, 3).contiguous()
+        context = context.view(*context.size()[:-2], self.hidden)
+        return self.dense(context)
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.up = _ColumnParallel(hidden, 4 * hidden, skip_bias_add=True)
+        self.down = _RowParallel(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inter, bias = self.up(x)
+        return self.down(_GeLU.apply(inter, bias))
+
+
+class Block(torch.nn.Module):
+    """ParallelTransformerLayer.forward: LN, attention, bias-dropout-add, LN, MLP, bias-dropout-add."""
+
+    def __init__(self, hidden: int, heads: int, layer_number: int, tracker: _RngTracker) -> None:
+        super().__init__()
+        self.input_layernorm = _LayerNorm(hidden)
+        self.attention = _Attention(hidden, heads, layer_number, tracker)
+        self.post_attention_layernorm = _LayerNorm(hidden)
+        self.mlp = _MLP(hidden)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.input_layernorm(hidden_states)
+        attn, attn_bias = self.attention(out)
+        with torch.enable_grad():
+            ln_input = _bias_dropout_add_train(attn, attn_bias.expand_as(hidden_states), hidden_states, 0.1)
+        out = self.post_attention_layernorm(ln_input)
+        moe_loss = torch.tensor(0.0, dtype=out.dtype)
+        mlp_bias = torch.tensor(0.0, dtype=out.dtype)
+        mlp_out, mlp_bias = self.mlp(out)
+        with torch.enable_grad():
+            output = _bias_dropout_add_train(mlp_out, mlp_bias.expand_as(ln_input), ln_input, 0.1)
+        return output, moe_loss
+
+
+class _Checkpoint(torch.autograd.Function):
+    """mpu.random.CheckpointFunction: save RNG states, run without grad; in backward restore
+    them, recompute with grad, backward through the recomputation, put the states back."""
+
+    @staticmethod
+    def forward(ctx, run, tracker, *args):  # type: ignore[no-untyped-def]
+        ctx.run, ctx.tracker = run, tracker
+        ctx.cpu_state, ctx.device_state, ctx.tracker_state = torch.get_rng_state(), torch.get_rng_state(), tracker.state
+        with torch.no_grad():
+            outputs = run(*args)
+        ctx.save_for_backward(*args)
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[no-untyped-def]
+        inputs = ctx.saved_tensors
+        cpu_state, device_state, tracker_state = torch.get_rng_state(), torch.get_rng_state(), ctx.tracker.state
+        torch.set_rng_state(ctx.cpu_state)
+        torch.set_rng_state(ctx.device_state)
+        ctx.tracker.state = ctx.tracker_state
+        detached = []
+        for inp in inputs:
+            d = inp.detach()
+            d.requires_grad = inp.requires_grad
+            detached.append(d)
+        with torch.enable_grad():
+            outputs = ctx.run(*detached)
+        torch.set_rng_state(cpu_state)
+        torch.set_rng_state(device_state)
+        ctx.tracker.state = tracker_state
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None, None, *(d.grad for d in detached))
+
+
+@dataclass(frozen=True)
+class Stack:
+    """`layers` replica blocks and their input, run plain or checkpointed per block."""
+
+    blocks: tuple[Block, ...]
+    tracker: _RngTracker
+    x: torch.Tensor
+
+    @classmethod
+    def build(cls, layers: int, seed: int = 0) -> Stack:
+        torch.manual_seed(seed)
+        tracker = _RngTracker()
+        blocks = tuple(Block(HIDDEN, HEADS, i + 1, tracker) for i in range(layers))
+        return cls(blocks, tracker, torch.randn(TOKENS, BATCH, HIDDEN, requires_grad=True))
+
+    def forward(self, checkpointed: bool) -> torch.Tensor:
+        x = self.x
+        for block in self.blocks:
+            if checkpointed:
+                x, _ = _Checkpoint.apply(block, self.tracker, x)
+            else:
+                x, _ = block(x)
+        return x
+
+    def step(self, checkpointed: bool) -> None:
+        self.forward(checkpointed).sum().backward()
+
+
+def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
+    """Median microseconds of `fn` after a warm-up (TorchScript specialises on the first calls)."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Host microseconds per block and micro-batch, and the probe's op on the same core."""
+
+    op_us: float
+    forward_us: float  # with autograd recording (a plain forward, or the recompute)
+    plain_step_us: float  # forward + backward, no checkpointing
+    checkpointed_step_us: float  # forward without grad + recompute + backward + the checkpoint's bookkeeping
+
+    @property
+    def backward_us(self) -> float:
+        return self.plain_step_us - self.forward_us
+
+    @property
+    def recompute_extra_us(self) -> float:
+        """What checkpointing adds beyond a second forward (negative: its no-grad forward is cheaper)."""
+        return self.checkpointed_step_us - self.plain_step_us - self.forward_us
+
+    def op_equivalents(self, us: float) -> int:
+        return round(us / self.op_us)
+
+
+def measure(layers: int, repeats: int, rounds: int = 5) -> Replay:
+    """Time the replica on this core (one thread) with the probe's chain beside it: `rounds`
+    rounds of all four, each figure the median over rounds, so drift in the core's speed
+    (a shared or virtual machine) moves the op and the block alike."""
+    from axoplan.executor.probe import host_op_us_measured
+
+    torch.set_num_threads(1)
+    torch._C._jit_set_profiling_mode(False)  # as megatron/model/transformer.py sets at import
+    torch._C._jit_set_profiling_executor(False)
+    stack = Stack.build(layers)
+    cpu = torch.device("cpu")
+    samples: list[tuple[float, float, float, float]] = []
+    for _ in range(rounds):
+        samples.append((
+            host_op_us_measured(cpu, torch.float32, repeats),
+            _per_call_us(lambda: stack.forward(False), repeats) / layers,
+            _per_call_us(lambda: stack.step(False), repeats) / layers,
+            _per_call_us(lambda: stack.step(True), repeats) / layers,
+        ))
+    op, fwd, plain, ckpt = (statistics.median(column) for column in zip(*samples, strict=True))
+    return Replay(op, fwd, plain, ckpt)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    r = measure(args.layers, args.repeats, args.rounds)
+    print(f"probe op on this core:      {r.op_us:8.2f} us")
+    print(f"block forward (grad on):    {r.forward_us:8.1f} us")
+    print(f"block backward:             {r.backward_us:8.1f} us")
+    print(f"block step, plain:          {r.plain_step_us:8.1f} us")
+    print(f"block step, checkpointed:   {r.checkpointed_step_us:8.1f} us")
+    print(f"checkpoint beyond 2nd fwd:  {r.recompute_extra_us:8.1f} us")
+    print("op-equivalents (frameworks/megatron-deepspeed.yaml):")
+    print(f"  block.forward.host_ops: {r.op_equivalents(r.forward_us)}")
+    print(f"  block.backward.host_ops: {r.op_equivalents(r.backward_us)}")
+    print(f"  block.recompute_extra_host_ops: {r.op_equivalents(r.recompute_extra_us)}")
+
+
+if __name__ == "__main__":
+    main()
