@@ -7,11 +7,11 @@ its kernels are, and every kernel costs the device ``device.kernel_gap_us`` besi
 A profile's ``host_ops`` are op-equivalents: the framework's host time in units of one op of
 `axoplan probe`'s chain on the same core, measured by replaying the framework's Python
 (``benchmarks/host_replay.py``) or, where no replay exists, counted from its code (which
-misses module calls, Python autograd functions and other host work that is not an op). How many ops and kernels one block
-issues depends on the framework (which ops it fuses, whether it checkpoints), not on the
-machine: a profile in ``frameworks/<name>.yaml`` gives the counts, each line with where it
-was counted. A run's framework is a run option (``RunOptions.framework``); the measured-run
-CSV names it in a ``framework`` column.
+misses module calls, Python autograd functions and other host work that is not an op).
+How many ops and kernels one block issues depends on the framework (which ops it fuses,
+whether it checkpoints), not on the machine: a profile in ``frameworks/<name>.yaml`` gives
+the counts, each line with where it was counted or measured. A run's framework is a run
+option (``RunOptions.framework``); the measured-run CSV names it in a ``framework`` column.
 
     >>> load_framework("megatron-deepspeed").block.forward.kernels
     10

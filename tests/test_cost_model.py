@@ -178,7 +178,7 @@ def test_host_ops_make_tiny_micro_batches_host_bound():
     tiny = ModelSpec(name="tiny", num_layers=2, hidden=64, num_heads=4, vocab=256)
     opts = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,))
     base = load_machine("dgx-h100")
-    machine = base.model_copy(update={"host": base.host.model_copy(update={"op_us": 500.0})})
+    machine = base.model_copy(update={"host": base.host.model_copy(update={"op_us": 500.0, "launch_us": 0.0})})
     c = Candidates.single(Layout(1, 1, 1, 8), 1, False, False)
     col = predict(tiny, machine, opts, c).columns
     ops = 2 * (17 + 27) + 20 + 20

@@ -109,11 +109,28 @@ def test_kernel_gaps_are_counted_per_kernel_on_the_device() -> None:
 
 def test_recompute_repeats_the_forward_ops_and_adds_the_checkpoint_bookkeeping() -> None:
     """With a slow host, recompute adds L·(forward ops + bookkeeping) x op_us per micro-batch."""
-    slow = A100.model_copy(update={"host": A100.host.model_copy(update={"op_us": 1000.0})})
+    slow = A100.model_copy(update={"host": A100.host.model_copy(update={"op_us": 1000.0, "launch_us": 0.0})})
     plain = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, False, False)).columns
     rec = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, True, False)).columns
     added = (rec["t_step_s"][0] - plain["t_step_s"][0])
     assert added == pytest.approx(2 * (17 + 10) * 1e-3, rel=1e-6)
+
+
+def test_every_kernel_launch_costs_the_host_launch_us() -> None:
+    """With launches dominating (1 ms each, ops free), a host-bound micro-batch takes kernels x
+    launch_us, hand-counted from frameworks/axonn.yaml: 2 blocks x (10 + 36) + head (13 + 14) =
+    119 kernels; one GPU per group, so no collective calls. Recompute launches the forward again."""
+    host = A100.host.model_copy(update={"op_us": 1e-6, "launch_us": 1000.0})
+    slow = A100.model_copy(update={"host": host})
+
+    def device_side_free(recompute: bool) -> float:
+        col = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, recompute, False)).columns
+        return float(col["t_step_s"][0] - col["t_optimizer_s"][0] - col["t_exposed_data_s"][0]
+                     - col["t_exposed_world_s"][0]) / float(col["grad_accum"][0])
+
+    assert device_side_free(False) == pytest.approx(119 * 1e-3, rel=1e-6)
+    assert device_side_free(True) - device_side_free(False) == pytest.approx(2 * 10 * 1e-3, rel=1e-6)
+    assert load_machine("local-cpu").host.launch_us == 0.0  # a CPU 'device' launches nothing
 
 
 def test_a_cpu_device_pays_its_host_overhead_on_top_of_the_work() -> None:
