@@ -53,9 +53,11 @@ def test_shipped_calibrated_a100_beats_vtrain_on_held_out_plans() -> None:
     predict = Predictor([p.plan for p in plans])
     before = summarize(plan_table(plans, predict(load_machine("dgx-a100"))).iloc[hold])
     after = summarize(plan_table(plans, predict(load_machine("dgx-a100-calibrated"))).iloc[hold])
-    # measured on the 216 held-out plans: MAPE 37.3 % -> 8.0 % (vTrain's simulator: 8.37 %),
-    # Kendall tau 0.59 -> 0.91; the measured best is in the predicted top 3 in all 61 scenarios
-    assert after.mape_pct < 9.0 and before.mape_pct > 30.0
+    # measured on the 216 held-out plans: MAPE 16.6 % untuned (the replayed host cost, issue 11;
+    # 33.0 % with counted ops) -> 7.8 % calibrated (vTrain's simulator: 8.37 %), Kendall tau
+    # 0.86 -> 0.91; the measured best is in the predicted top 3 in all 61 scenarios
+    assert before.mape_pct < 20.0
+    assert after.mape_pct < 9.0 and after.mape_pct < before.mape_pct / 1.5
     assert after.kendall_tau >= 0.85
     assert after.scenario_tau >= 0.7 and after.best_in_top_k == after.scenarios
 
