@@ -76,6 +76,9 @@ class Device(Frozen):
         "scheduled on, in waves; omit for a CPU.")
     kernel_gap_us: float = Field(
         2.0, ge=0, description="Device time between two queued kernels (drain, launch, ramp-up), microseconds.")
+    cores_per_node: PositiveInt | None = Field(
+        None, description="CPU 'devices' only: the cores a node's ranks share. With more ranks on a node than "
+        "cores, each rank computes and issues ops at cores/ranks of one core (time-sharing); omit for a GPU.")
 
 
 class Host(Frozen):

@@ -166,3 +166,20 @@ def test_bucketed_gradient_reduction_hides_behind_the_backward_and_never_adds(mo
     assert (after <= before + 1e-15).all() and (after >= 0).all()
     assert np.allclose(overlapped.columns["t_comm_data_s"], serial.columns["t_comm_data_s"])
     assert (after < before).any()  # some layouts do hide part of it
+
+
+def test_ranks_sharing_cores_compute_and_issue_at_their_share() -> None:
+    """local-cpu has 2 cores: 4 ranks on the node each get half a core, so every compute column
+    and the host's time double against the same box without the core count; 2 ranks fit and
+    nothing changes; collectives are left alone."""
+    cpu = load_machine("local-cpu")
+    assert cpu.device.cores_per_node == 2
+    unshared = cpu.model_copy(update={"device": cpu.device.model_copy(update={"cores_per_node": None})})
+    opts = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,), framework="axoplan-executor")
+    for ranks, factor in ((4, 2.0), (2, 1.0)):
+        c = Candidates.single(Layout(1, 1, 1, ranks), 1, False, False)
+        shared, alone = predict(TINY, cpu, opts, c).columns, predict(TINY, unshared, opts, c).columns
+        for col in ("t_gemm_s", "t_nongemm_s", "t_optimizer_s", "t_host_idle_s"):
+            assert shared[col][0] == pytest.approx(factor * alone[col][0]), col
+        assert shared["t_comm_exposed_s"][0] == pytest.approx(alone["t_comm_exposed_s"][0])
+    assert load_machine("dgx-a100").device.cores_per_node is None  # a GPU computes on its own

@@ -131,13 +131,27 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     """Evaluate the cost model for all candidates at once."""
     groups = _groups(machine, c)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
-    layers = _layers(model, machine, options, c, groups, tokens)
+    dilation = _core_sharing(machine, c)
+    layers = _layers(model, machine, options, c, groups, tokens, dilation)
     n_micro = options.global_batch / (c.gdata * c.gz * c.micro_batch).astype(np.float64)
     terms = _collective_terms(layers, groups, options, c, model, n_micro, tokens)
-    compute = _compute_columns(layers, model, machine, c, n_micro)
+    compute = _compute_columns(layers, model, machine, c, n_micro, dilation)
     memory = memory_per_gpu(model, options, c)
-    columns = _step_columns(model, machine, options, c, terms, compute, n_micro)
+    columns = _step_columns(model, machine, options, c, terms, compute, n_micro, dilation)
     return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)
+
+
+def _core_sharing(machine: Machine, c: Candidates) -> Floats | None:
+    """How much slower a CPU rank computes when its node runs more ranks than it has cores:
+    ``max(ranks on the node / cores, 1)`` (the ranks time-share the cores; a node holds
+    ``min(world, devices_per_node)`` ranks). None for a GPU or a CPU machine without
+    ``device.cores_per_node``. Collectives are left as they are: gloo's time on loopback is
+    mostly waiting, and its bandwidth was measured with the cores shared (``local-cpu.yaml``)."""
+    cores = machine.device.cores_per_node
+    if cores is None or machine.device.kind != "cpu":
+        return None
+    ranks = np.minimum(c.world_size, machine.devices_per_node).astype(np.float64)
+    return np.maximum(ranks / cores, 1.0)
 
 
 def _groups(machine: Machine, c: Candidates) -> _Groups:
@@ -153,7 +167,8 @@ def _groups(machine: Machine, c: Candidates) -> _Groups:
 
 
 def _layers(
-    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: _Groups, tokens: Floats
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: _Groups, tokens: Floats,
+    dilation: Floats | None = None,
 ) -> list[_Layer]:
     """Block layers in execution order, then the LM head (its rows: the padded vocabulary).
 
@@ -175,7 +190,7 @@ def _layers(
         share = 1.0 if head else 1.0 / len(block)
         fwd = extra_fwd[part] * share + (extra_fwd["attention"] if spec.input == "attention" else 0.0)
         bwd = extra_bwd[part] * share + (extra_bwd["attention"] if spec.input == "attention" else 0.0)
-        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes))
+        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes, dilation))
     return out
 
 
@@ -205,6 +220,7 @@ class _GemmShapes:
 def _layer(
     spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions,
     g: _Groups, tokens: Floats, extra_fwd: Floats, extra_bwd: Floats, shapes: _GemmShapes,
+    dilation: Floats | None = None,
 ) -> _Layer:
     in_axis, out_axis = spec.in_axis, spec.out_axis
     k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis] + 0.0 * tokens
@@ -213,6 +229,11 @@ def _layer(
         t_fwd = 2.0 * shapes.time(machine, tokens / 2.0, n_loc, k_loc, "forward", tuned)
     else:
         t_fwd = shapes.time(machine, tokens, n_loc, k_loc, "forward", tuned)
+    t_dx = shapes.time(machine, tokens, k_loc, n_loc, "dx", tuned)
+    t_dw = shapes.time(machine, n_loc, k_loc, tokens, "dw", tuned)
+    extra_fwd, extra_bwd = np.broadcast_to(extra_fwd, tokens.shape), np.broadcast_to(extra_bwd, tokens.shape)
+    if dilation is not None:
+        t_fwd, t_dx, t_dw, extra_fwd, extra_bwd = (t * dilation for t in (t_fwd, t_dx, t_dw, extra_fwd, extra_bwd))
     block = spec.k_in * n / (g.size["x"] * g.size["y"])
     shard = np.ceil(block / g.size["z"])
     bytes_block, bytes_out, bytes_in = block * BYTES, tokens * n_loc * BYTES, tokens * k_loc * BYTES
@@ -220,9 +241,7 @@ def _layer(
     z = (g.size["z"], g.bw["z"], g.lat["z"])
     return _Layer(
         spec=spec, count=count, in_axis=in_axis, out_axis=out_axis,
-        t_fwd=t_fwd, t_dx=shapes.time(machine, tokens, k_loc, n_loc, "dx", tuned),
-        t_dw=shapes.time(machine, n_loc, k_loc, tokens, "dw", tuned),
-        extra_fwd=np.broadcast_to(extra_fwd, tokens.shape), extra_bwd=np.broadcast_to(extra_bwd, tokens.shape),
+        t_fwd=t_fwd, t_dx=t_dx, t_dw=t_dw, extra_fwd=extra_fwd, extra_bwd=extra_bwd,
         ag=coll.all_gather_s(bytes_block, *z),
         ar_fwd=coll.all_reduce_s(bytes_out, g.size[in_axis], g.bw[in_axis], g.lat[in_axis]),
         ar_bwd=coll.all_reduce_s(bytes_in, g.size[out_axis], g.bw[out_axis], g.lat[out_axis]),
@@ -390,13 +409,16 @@ def _backward_z_exposed(
 
 
 def _compute_columns(
-    layers: list[_Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats
+    layers: list[_Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats,
+    dilation: Floats | None = None,
 ) -> dict[str, Floats]:
     rec = c.recompute.astype(np.float64)
     gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
     other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
     params = sharded_params(model, c) + replicated_params(model)
     optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
+    if dilation is not None:
+        optimizer = optimizer * dilation
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
 
 
@@ -445,7 +467,7 @@ def _host_idle_s(machine: Machine, host_s: Floats, device_s: Floats) -> Floats:
 
 def _step_columns(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates,
-    terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats,
+    terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, dilation: Floats | None = None,
 ) -> dict[str, Floats]:
     cols = dict(compute)
     totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
@@ -456,6 +478,8 @@ def _step_columns(
     cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
     cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
     host_s, gaps_s = _host_s(load_framework(options.framework), model, machine, c, terms, n_micro)
+    if dilation is not None:  # the host shares the cores too
+        host_s = host_s * dilation
     cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s
     cols["t_compute_s"] = compute["t_gemm_s"] + cols["t_nongemm_s"] + compute["t_optimizer_s"]
     device_s = compute["t_gemm_s"] + cols["t_nongemm_s"] + cast(

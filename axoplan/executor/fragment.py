@@ -83,6 +83,7 @@ class ProbeResult(Frozen):
                                      "node) of a chain of tiny ops with autograd on host tensors, median over ranks.")
     host_launch_us: float | None = Field(None, ge=0, description="What the same chain on the device costs the host "
                                          "per op beyond host_op_us: the kernel launch (0 on a CPU).")
+    cpu_cores: int | None = Field(None, gt=0, description="CPU probes: the cores the ranks of a node may run on.")
 
 
 def group_shapes(world_size: int) -> list[tuple[int, int]]:
@@ -177,6 +178,7 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
         "the largest message",
         *_bandwidth_block(result),
         *_host_lines(result),
+        *_device_lines(result),
         "gemm:",
         f"  max_efficiency: {_num(max_eff)}         # fitted to the table's nn rows below",
         f"  half_efficiency_dim: {_num(half)}",
@@ -201,6 +203,14 @@ def _host_lines(result: ProbeResult) -> list[str]:
         lines.append(f"  launch_us: {_num(result.host_launch_us)}  # measured: the same chain on the device, "
                      "minus op_us, per op")
     return lines
+
+
+def _device_lines(result: ProbeResult) -> list[str]:
+    if result.cpu_cores is None:
+        return []
+    return ["device:",
+            f"  cores_per_node: {result.cpu_cores}  # measured: the cores the probe's ranks could run on "
+            "(ranks beyond them time-share)"]
 
 
 def orientation_speedups(result: ProbeResult) -> dict[str, float]:

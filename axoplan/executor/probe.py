@@ -10,6 +10,7 @@ groups that share links or NICs are measured sharing them; per call the slowest 
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -90,7 +91,14 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
                        gemms=tuple(GemmTime(m=m, n=n, k=k, orientation=o, label=labels.get((m, n, k), ""), seconds=s)
                                    for ((m, n, k), o), s in zip(timed, gemm_s, strict=True)),
                        collectives=tuple(points), host_op_us=host_op_us,
-                       host_launch_us=max(device_op_us[0] - host_op_us, 0.0) if device_op_us else 0.0)
+                       host_launch_us=max(device_op_us[0] - host_op_us, 0.0) if device_op_us else 0.0,
+                       cpu_cores=_usable_cores() if device.type == "cpu" else None)
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 HOST_CHAIN = 50  # blocks of four ops: linear, view, transpose, GeLU
