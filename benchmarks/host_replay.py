@@ -1,34 +1,39 @@
-"""Host cost of one Megatron-DeepSpeed transformer block, measured by replaying its Python.
+"""Host cost of one transformer block of a framework, measured by replaying its Python.
 
-    python benchmarks/host_replay.py [--repeats 40] [--layers 8]
+    python benchmarks/host_replay.py [--framework megatron-deepspeed|axonn] [--repeats 40] [--layers 8]
 
-`frameworks/megatron-deepspeed.yaml` prices the host side of a block in *op-equivalents*:
-the block's host time divided by the host time of one op of `axoplan probe`'s chain (a
-tiny linear, view, transpose or GeLU, forward or backward, measured the same way on the same
-core: ``axoplan.executor.probe.host_op_us_measured``). A machine's ``host.op_us`` is that one
-op on its own host (measured by `axoplan probe` on the GPU host, or assumed), so
-``op-equivalents × host.op_us`` is the block's host time there. The ratio, unlike a time,
-carries from the core it was measured on to another.
+A framework profile (`frameworks/<name>.yaml`) prices the host side of a block in
+*op-equivalents*: the block's host time divided by the host time of one op of `axoplan
+probe`'s chain (a tiny linear, view, transpose or GeLU, forward or backward, measured the same
+way on the same core: ``axoplan.executor.probe.host_op_us_measured``). A machine's
+``host.op_us`` is that one op on its own host (measured by `axoplan probe`, or assumed), so
+``op-equivalents × host.op_us`` is the block's host time there; kernel launches are priced
+apart (``host.launch_us``). The ratio, unlike a time, carries from the core it was measured on
+to another.
 
-Counting the ops by reading the code (what the profile did before) misses what is not an
-op: module calls, Python ``autograd.Function`` objects in forward and backward (Megatron's
-tensor-parallel mappings, apex's fused LayerNorm, the fused softmax and bias-GeLU), the
-TorchScript call of the fused bias-dropout-add, the RNG tracker's fork around dropout and
-the checkpoint's state save and restore. So this script *replays* the block instead: the
-module and function structure of ``ParallelTransformerLayer`` at Megatron-DeepSpeed commit
-066632b (``megatron/model/transformer.py``, ``megatron/mpu/layers.py``, ``mappings.py``,
-``random.py``; apex ``FusedLayerNormAffineFunction``; ``FusedScaleMaskSoftmax`` with the
-causal kernel), written by us from that structure, on tensors so small (8 tokens, hidden
-32) that the arithmetic is negligible and the host's cost is what is timed. This is the
-method of vTrain itself, which profiles a re-implementation of the GPT block rather than
-Megatron's code (``VIA-Research/vTrain``, ``src/model/gpt_modeling.py``).
+Counting the ops by reading the code misses what is not an op: module calls, Python
+``autograd.Function`` objects in forward and backward, TorchScript calls, the RNG tracker's
+fork around dropout, the checkpoint's state save and restore. So this script *replays* the
+block: the module and function structure of the framework's transformer layer, written by us
+from its code, on tensors so small (8 tokens, hidden 32) that the arithmetic is negligible and
+the host's cost is what is timed. vTrain does the same: it profiles a re-implementation of
+the GPT block rather than Megatron's code (``VIA-Research/vTrain``, ``src/model/gpt_modeling.py``).
 
-The replica runs on the CPU, so three things differ from a GPU host, and are left as they
-are: a CUDA launch is not paid (the probe's op on the GPU host includes it, so pricing in
-op-equivalents puts it back in proportion), the CPU's RNG state is 5 kB where CUDA's is 16
-bytes, and ``torch.tensor(0.0, device=cuda)`` is a host-to-device copy on a GPU but a plain
-allocation here. Tensor-parallel mappings are identities here, as in a run on one GPU; the
-cost model counts each collective call separately.
+* ``megatron-deepspeed``: ``ParallelTransformerLayer`` at Megatron-DeepSpeed commit 066632b
+  (``megatron/model/transformer.py``, ``megatron/mpu/layers.py``, ``mappings.py``,
+  ``random.py``; apex ``FusedLayerNormAffineFunction``; ``FusedScaleMaskSoftmax`` on its causal
+  kernel; unfused attention; the two MoE placeholder scalars).
+* ``axonn``: ``ParallelTransformerLayer`` of Megatron-AxoNN (axonn-ai/Megatron-AxoNN f6df7ae,
+  a middle layer): AxoNN 0.2.0's ``Linear`` (``AsyncLinear``) for the four linears, flash
+  attention (``FlashSelfAttention`` and flash-attn's varlen function), the same fused LayerNorm,
+  bias-GeLU and bias-dropout-add, ``make_viewless_tensor``.
+
+The replicas run on the CPU, so what only a GPU does is left out, not estimated: the CUDA
+launch (priced per kernel by ``host.launch_us``), NVTX ranges, einops' pattern handling (its
+rearranges are transposes here), the CPU's 5 kB RNG state against CUDA's 16 bytes, and
+``torch.tensor(0.0, device=cuda)`` as a host-to-device copy. Tensor-parallel mappings and
+AxoNN's collectives are identities here, as on one GPU; the cost model counts each collective
+call separately.
 
 Prints the three figures of the profile and the times behind them.
 """
@@ -257,8 +262,9 @@ class _MLP(torch.nn.Module):
         return self.down(_GeLU.apply(inter, bias))
 
 
-class Block(torch.nn.Module):
-    """ParallelTransformerLayer.forward: LN, attention, bias-dropout-add, LN, MLP, bias-dropout-add."""
+class MegatronDeepSpeedBlock(torch.nn.Module):
+    """ParallelTransformerLayer.forward (Megatron-DeepSpeed 066632b): LN, unfused attention,
+    bias-dropout-add, LN, the two MoE placeholder scalars, MLP, bias-dropout-add."""
 
     def __init__(self, hidden: int, heads: int, layer_number: int, tracker: _RngTracker) -> None:
         super().__init__()
@@ -279,6 +285,147 @@ class Block(torch.nn.Module):
         with torch.enable_grad():
             output = _bias_dropout_add_train(mlp_out, mlp_bias.expand_as(ln_input), ln_input, 0.1)
         return output, moe_loss
+
+
+class _AsyncLinear(torch.autograd.Function):
+    """axonn.intra_layer.fully_connected.AsyncLinear (0.2.0): gather the weight over Z (a group of
+    one here, so the weight as it is), reshape, matmul; backward: dX, dW, reshape. The
+    all-reduces and reduce-scatter are the cost model's collective calls, not replayed."""
+
+    @staticmethod
+    def forward(ctx, x, weight, shape):  # type: ignore[no-untyped-def]
+        full = weight.reshape(shape)
+        ctx.save_for_backward(x, weight)
+        ctx.shape = shape
+        return x.matmul(full.t())
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        x, weight = ctx.saved_tensors
+        full = weight.reshape(ctx.shape)
+        grad_x = grad.matmul(full)
+        grad_w = grad.reshape(-1, grad.shape[-1]).t().mm(x.view(-1, x.shape[-1])).reshape(-1)
+        return grad_x, grad_w, None
+
+
+class _AxonnLinear(torch.nn.Module):
+    """axonn.intra_layer.Linear in expert mode with skip_bias_add, as Megatron-AxoNN builds its
+    four block linears: the weight a flat shard, reshape in, AsyncLinear, reshape out."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter((torch.randn(n_out, n_in) / math.sqrt(n_in)).reshape(-1))
+        self.bias = torch.nn.Parameter(torch.zeros(n_out))
+        self.shape = (n_out, n_in)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = x.shape
+        out = _AsyncLinear.apply(x.reshape(-1, x.shape[-1]), self.weight, self.shape)
+        return out.reshape(*shape[:-1], out.shape[-1]), self.bias
+
+
+class _FlashFunction(torch.autograd.Function):
+    """flash-attn's FlashAttnVarlenFunc: one kernel forward, three output buffers and one kernel
+    backward. A single element-wise op stands in for each kernel (the host cost is the point)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):  # type: ignore[no-untyped-def]
+        q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+        out = torch.addcmul(q, k, v)
+        ctx.save_for_backward(q, k, v, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        q, k, v, _ = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq.copy_(grad)
+        torch.mul(grad, v, out=dk)
+        torch.mul(grad, k, out=dv)
+        return dq, dk, dv
+
+
+class _FlashSelfAttention(torch.nn.Module):
+    """megatron FlashSelfAttention.forward, causal, training: flatten batch and sequence, the
+    cumulative sequence offsets, the flash call, unflatten."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert all(t.dtype == q.dtype for t in (q, k, v))
+        b, sq = q.shape[0], q.shape[1]
+        q, k, v = (t.reshape(b * sq, *t.shape[2:]) for t in (q, k, v))
+        torch.arange(0, (b + 1) * sq, step=sq, dtype=torch.int32)  # cu_seqlens
+        out = _FlashFunction.apply(q, k, v)
+        return out.reshape(b, sq, *out.shape[1:])
+
+
+class _AxonnAttention(torch.nn.Module):
+    """Megatron-AxoNN ParallelAttention.forward, flash path, no rotary, no GQA (the KV repeat of
+    factor 1 still runs), einops rearranges as transposes (einops' own parsing is left out)."""
+
+    def __init__(self, hidden: int, heads: int, tracker: _RngTracker) -> None:
+        super().__init__()
+        self.qkv = _AxonnLinear(hidden, 3 * hidden)
+        self.dense = _AxonnLinear(hidden, hidden)
+        self.core = _FlashSelfAttention()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.tracker = tracker
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mixed, _ = self.qkv(x)  # Megatron-AxoNN drops the QKV bias
+        mixed = mixed.view(*mixed.size()[:-1], self.heads, 3 * self.head_dim)
+        query, key, value = torch.split(mixed, self.head_dim, dim=3)
+        query = query.view(query.size(0), query.size(1), -1, self.head_dim)
+        key, value = key.repeat_interleave(1, dim=2), value.repeat_interleave(1, dim=2)
+        query, key, value = (t.transpose(0, 1).contiguous() for t in (query, key, value))
+        with self.tracker.fork():
+            context = self.core(query, key, value)
+        context = context.transpose(0, 1).contiguous()
+        context = context.view(*context.shape[:2], -1)
+        return self.dense(context)
+
+
+class _AxonnMLP(torch.nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.up = _AxonnLinear(hidden, 4 * hidden)
+        self.down = _AxonnLinear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inter, bias = self.up(x)
+        return self.down(_GeLU.apply(inter, bias))
+
+
+def _make_viewless(t: torch.Tensor) -> torch.Tensor:
+    """megatron.core.utils.make_viewless_tensor: the tensor itself unless it is a view."""
+    return t if t._base is None else t.detach().clone()
+
+
+class MegatronAxonnBlock(torch.nn.Module):
+    """Megatron-AxoNN ParallelTransformerLayer.forward (axonn-ai/Megatron-AxoNN f6df7ae, a middle
+    layer): LN, flash attention with AxoNN's linears, bias-dropout-add, LN, MLP,
+    bias-dropout-add, make_viewless_tensor. NVTX ranges are left out (no CUDA here)."""
+
+    def __init__(self, hidden: int, heads: int, layer_number: int, tracker: _RngTracker) -> None:
+        super().__init__()
+        self.input_norm = _LayerNorm(hidden)
+        self.self_attention = _AxonnAttention(hidden, heads, tracker)
+        self.post_attention_norm = _LayerNorm(hidden)
+        self.mlp = _AxonnMLP(hidden)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor]:
+        out = self.input_norm(hidden_states)
+        attn, attn_bias = self.self_attention(out)
+        with contextlib.nullcontext():
+            norm_input = _bias_dropout_add_train(attn, attn_bias.expand_as(hidden_states), hidden_states, 0.1)
+        out = self.post_attention_norm(norm_input)
+        mlp_out, mlp_bias = self.mlp(out)
+        with contextlib.nullcontext():
+            output = _bias_dropout_add_train(mlp_out, mlp_bias.expand_as(norm_input), norm_input, 0.1)
+        return (_make_viewless(output),)
+
+
+BLOCKS: dict[str, type[torch.nn.Module]] = {"megatron-deepspeed": MegatronDeepSpeedBlock, "axonn": MegatronAxonnBlock}
+"""Replayed blocks by framework profile name (frameworks/<name>.yaml)."""
 
 
 class _Checkpoint(torch.autograd.Function):
@@ -308,6 +455,7 @@ class _Checkpoint(torch.autograd.Function):
             detached.append(d)
         with torch.enable_grad():
             outputs = ctx.run(*detached)
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
         torch.set_rng_state(cpu_state)
         torch.set_rng_state(device_state)
         ctx.tracker.state = tracker_state
@@ -320,24 +468,22 @@ class _Checkpoint(torch.autograd.Function):
 class Stack:
     """`layers` replica blocks and their input, run plain or checkpointed per block."""
 
-    blocks: tuple[Block, ...]
+    blocks: tuple[torch.nn.Module, ...]
     tracker: _RngTracker
     x: torch.Tensor
 
     @classmethod
-    def build(cls, layers: int, seed: int = 0) -> Stack:
+    def build(cls, layers: int, seed: int = 0, framework: str = "megatron-deepspeed") -> Stack:
         torch.manual_seed(seed)
         tracker = _RngTracker()
-        blocks = tuple(Block(HIDDEN, HEADS, i + 1, tracker) for i in range(layers))
+        blocks = tuple(BLOCKS[framework](HIDDEN, HEADS, i + 1, tracker) for i in range(layers))
         return cls(blocks, tracker, torch.randn(TOKENS, BATCH, HIDDEN, requires_grad=True))
 
     def forward(self, checkpointed: bool) -> torch.Tensor:
+        """The blocks return the hidden state first (Megatron-DeepSpeed adds its MoE loss)."""
         x = self.x
         for block in self.blocks:
-            if checkpointed:
-                x, _ = _Checkpoint.apply(block, self.tracker, x)
-            else:
-                x, _ = block(x)
+            x = (_Checkpoint.apply(block, self.tracker, x) if checkpointed else block(x))[0]
         return x
 
     def step(self, checkpointed: bool) -> None:
@@ -378,7 +524,7 @@ class Replay:
         return round(us / self.op_us)
 
 
-def measure(layers: int, repeats: int, rounds: int = 5) -> Replay:
+def measure(layers: int, repeats: int, rounds: int = 5, framework: str = "megatron-deepspeed") -> Replay:
     """Time the replica on this core (one thread) with the probe's chain beside it: `rounds`
     rounds of all four, each figure the median over rounds, so drift in the core's speed
     (a shared or virtual machine) moves the op and the block alike."""
@@ -387,7 +533,7 @@ def measure(layers: int, repeats: int, rounds: int = 5) -> Replay:
     torch.set_num_threads(1)
     torch._C._jit_set_profiling_mode(False)  # as megatron/model/transformer.py sets at import
     torch._C._jit_set_profiling_executor(False)
-    stack = Stack.build(layers)
+    stack = Stack.build(layers, framework=framework)
     cpu = torch.device("cpu")
     samples: list[tuple[float, float, float, float]] = []
     for _ in range(rounds):
@@ -406,15 +552,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--framework", choices=sorted(BLOCKS), default="megatron-deepspeed")
     args = parser.parse_args()
-    r = measure(args.layers, args.repeats, args.rounds)
+    r = measure(args.layers, args.repeats, args.rounds, args.framework)
     print(f"probe op on this core:      {r.op_us:8.2f} us")
     print(f"block forward (grad on):    {r.forward_us:8.1f} us")
     print(f"block backward:             {r.backward_us:8.1f} us")
     print(f"block step, plain:          {r.plain_step_us:8.1f} us")
     print(f"block step, checkpointed:   {r.checkpointed_step_us:8.1f} us")
     print(f"checkpoint beyond 2nd fwd:  {r.recompute_extra_us:8.1f} us")
-    print("op-equivalents (frameworks/megatron-deepspeed.yaml):")
+    print(f"op-equivalents (frameworks/{args.framework}.yaml):")
     print(f"  block.forward.host_ops: {r.op_equivalents(r.forward_us)}")
     print(f"  block.backward.host_ops: {r.op_equivalents(r.backward_us)}")
     print(f"  block.recompute_extra_host_ops: {r.op_equivalents(r.recompute_extra_us)}")

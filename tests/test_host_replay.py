@@ -1,5 +1,5 @@
-"""`benchmarks/host_replay.py`: the replayed Megatron-DeepSpeed block behind the measured host
-cost in frameworks/megatron-deepspeed.yaml (issue 11)."""
+"""`benchmarks/host_replay.py`: the replayed blocks behind the measured host cost in
+frameworks/megatron-deepspeed.yaml and frameworks/axonn.yaml (issue 11)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 from types import ModuleType
 
+import pytest
 import torch
 
 from axoplan.framework import load_framework
@@ -26,14 +27,15 @@ def _replay() -> ModuleType:
     return module
 
 
-def test_the_checkpointed_replica_recomputes_exactly_what_the_plain_one_computed() -> None:
+@pytest.mark.parametrize("framework", ["megatron-deepspeed", "axonn"])
+def test_the_checkpointed_replica_recomputes_exactly_what_the_plain_one_computed(framework: str) -> None:
     """The replay times a checkpoint that restores the RNG states before recomputing, as
     Megatron's CheckpointFunction does: dropout draws the same masks, so the input gradient
     equals the plain (stored-activation) run's bit for bit."""
     replay = _replay()
     grads = []
     for checkpointed in (False, True):
-        stack = replay.Stack.build(layers=3, seed=7)
+        stack = replay.Stack.build(layers=3, seed=7, framework=framework)
         stack.step(checkpointed)
         grads.append(stack.x.grad.clone())
     assert torch.equal(grads[0], grads[1])
@@ -53,7 +55,16 @@ def test_the_replay_prints_the_profile_figures_and_finds_more_than_the_counted_o
     assert int(figures["block.backward.host_ops"]) > 0
 
 
-def test_the_shipped_profile_prices_the_block_above_its_counted_ops() -> None:
-    """The profile carries the replay's op-equivalents, not the code-read counts (36 + 46)."""
-    block = load_framework("megatron-deepspeed").block
-    assert block.forward.host_ops > 36 and block.backward.host_ops > 46
+def test_every_replayed_block_is_a_shipped_profile() -> None:
+    """Each replica names the profile its figures go into."""
+    assert set(_replay().BLOCKS) <= {"megatron-deepspeed", "axonn", "axoplan-executor"}
+    for name in _replay().BLOCKS:
+        load_framework(name)
+
+
+def test_the_shipped_profiles_price_the_block_above_their_counted_ops() -> None:
+    """The profiles carry the replays' op-equivalents, not the code-read counts (Megatron-DeepSpeed
+    36 forward + 46 backward, Megatron-AxoNN 17 + 27)."""
+    md, ax = load_framework("megatron-deepspeed").block, load_framework("axonn").block
+    assert md.forward.host_ops > 36 and md.backward.host_ops > 46
+    assert ax.forward.host_ops > 17 and ax.backward.host_ops > 27
