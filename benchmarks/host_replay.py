@@ -54,20 +54,10 @@ import torch.nn.functional as F  # noqa: N812
 TOKENS, BATCH, HIDDEN, HEADS = 8, 1, 32, 4
 
 
-class _CopyToRegion(torch.autograd.Function):
-    """mpu.mappings._CopyToModelParallelRegion: identity forward, all-reduce of the gradient."""
-
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[no-untyped-def]
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def]
-        return grad
-
-
-class _ReduceFromRegion(torch.autograd.Function):
-    """mpu.mappings._ReduceFromModelParallelRegion: all-reduce forward, identity backward."""
+class _Mapping(torch.autograd.Function):
+    """mpu.mappings._CopyToModelParallelRegion (identity forward, all-reduce of the gradient) and
+    _ReduceFromModelParallelRegion (all-reduce forward, identity backward): on one rank both are
+    a Python autograd Function that passes its tensor through, which is all the host pays."""
 
     @staticmethod
     def forward(ctx, x):  # type: ignore[no-untyped-def]
@@ -189,7 +179,7 @@ class _ColumnParallel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         bias = None if self.skip_bias_add else self.bias
-        out = F.linear(_CopyToRegion.apply(x), self.weight, bias)
+        out = F.linear(_Mapping.apply(x), self.weight, bias)
         return out, (self.bias if self.skip_bias_add else None)
 
 
@@ -200,7 +190,7 @@ class _RowParallel(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(n_out))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _ReduceFromRegion.apply(F.linear(x, self.weight)), self.bias
+        return _Mapping.apply(F.linear(x, self.weight)), self.bias
 
 
 class _ScaleMaskSoftmax(torch.nn.Module):
