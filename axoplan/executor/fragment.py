@@ -82,7 +82,7 @@ class ProbeResult(Frozen):
     host_op_us: float | None = Field(None, gt=0, description="Host time per eager op (forward op or backward "
                                      "node) of a chain of tiny ops with autograd on host tensors, median over ranks.")
     host_launch_us: float | None = Field(None, ge=0, description="What the same chain on the device costs the host "
-                                         "per op beyond host_op_us: the kernel launch (0 on a CPU).")
+                                         "beyond host_op_us, per kernel it launches: the launch (0 on a CPU).")
     cpu_cores: int | None = Field(None, gt=0, description="CPU probes: the cores the ranks of a node may run on.")
 
 
@@ -201,7 +201,7 @@ def _host_lines(result: ProbeResult) -> list[str]:
              "GeLU) forward and backward with autograd on host tensors, time per op or backward node"]
     if result.host_launch_us is not None:
         lines.append(f"  launch_us: {_num(result.host_launch_us)}  # measured: the same chain on the device, "
-                     "minus op_us, per op")
+                     "minus op_us, per kernel launched")
     return lines
 
 

@@ -91,7 +91,8 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
                        gemms=tuple(GemmTime(m=m, n=n, k=k, orientation=o, label=labels.get((m, n, k), ""), seconds=s)
                                    for ((m, n, k), o), s in zip(timed, gemm_s, strict=True)),
                        collectives=tuple(points), host_op_us=host_op_us,
-                       host_launch_us=max(device_op_us[0] - host_op_us, 0.0) if device_op_us else 0.0,
+                       host_launch_us=max(device_op_us[0] - host_op_us, 0.0) / CHAIN_KERNELS_PER_OP
+                       if device_op_us else 0.0,
                        cpu_cores=_usable_cores() if device.type == "cpu" else None)
 
 
@@ -102,6 +103,11 @@ def _usable_cores() -> int:
 
 
 HOST_CHAIN = 50  # blocks of four ops: linear, view, transpose, GeLU
+CHAIN_KERNELS_PER_OP = 6 / 8
+"""Kernels the chain launches per op or backward node (counted): forward, the linear and the GeLU
+launch and the view and transpose do not (2 of 4); backward, the GeLU's gradient, the linear's
+two matmuls and the weight-gradient accumulation (4 of 4). The device chain's extra host time
+per op over this is the launch per kernel, ``host.launch_us``."""
 
 
 def host_op_us_measured(device: torch.device, dtype: torch.dtype, repeats: int) -> float:
