@@ -57,14 +57,7 @@ def test_the_replay_prints_the_profile_figures_and_finds_more_than_the_counted_o
 
 def test_every_replayed_block_is_a_shipped_profile() -> None:
     """Each replica names the profile its figures go into."""
-    assert set(_replay().BLOCKS) <= {"megatron-deepspeed", "axonn", "axoplan-executor"}
-    for name in _replay().BLOCKS:
+    blocks = _replay().BLOCKS
+    assert set(blocks) <= {"megatron-deepspeed", "axonn", "axoplan-executor"}
+    for name in blocks:
         load_framework(name)
-
-
-def test_the_shipped_profiles_price_the_block_above_their_counted_ops() -> None:
-    """The profiles carry the replays' op-equivalents, not the code-read counts (Megatron-DeepSpeed
-    36 forward + 46 backward, Megatron-AxoNN 17 + 27)."""
-    md, ax = load_framework("megatron-deepspeed").block, load_framework("axonn").block
-    assert md.forward.host_ops > 36 and md.backward.host_ops > 46
-    assert ax.forward.host_ops > 17 and ax.backward.host_ops > 27
