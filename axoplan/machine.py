@@ -203,6 +203,9 @@ class MeasuredBandwidth(Frozen):
     stride: PositiveInt = Field(description="Rank distance between group members; rows match strides >= this.")
     size: int = Field(ge=2, description="Group size; rows match sizes >= this.")
     bandwidth_gbs: PositiveFloat = Field(description="Bus bandwidth, GB/s (nccl-tests busbw convention).")
+    latency_us: PositiveFloat | None = Field(
+        None, description="Per-step latency α fitted with the bandwidth to a message-size sweep "
+        "(axoplan.validate.collective_fit), µs; the machine's intra_node/inter_node latency when absent.")
 
 
 class ParameterUncertainty(Frozen):

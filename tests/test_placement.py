@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from axoplan.cost.collectives import all_reduce_s
 from axoplan.cost.placement import place, place_groups
 from axoplan.layout import Layout
+from axoplan.machine import load_machine
 
 
 def test_frontier_x_pair_stays_on_one_mi250x(frontier_theory):
@@ -114,3 +116,38 @@ def test_more_nodes_never_mean_more_bandwidth(stride: int, size: int) -> None:
 
     m = load_machine("frontier")
     assert place(m, stride, size * 2).bandwidth_gbs <= place(m, stride, size).bandwidth_gbs * (1 + 1e-12)
+
+
+def test_a_row_with_a_fitted_latency_replaces_both_theory_numbers() -> None:
+    """dgx-a100's 8-GPU row (nccl-tests on the vTrain node): its bandwidth and its α, not 300 x 0.75 and 5 µs."""
+    machine = load_machine("dgx-a100")
+    row = next(r for r in machine.measured_bandwidth if (r.stride, r.size) == (1, 8))
+    g = place(machine, stride=1, size=8)
+    assert row.latency_us is not None and not g.crosses_nodes
+    assert (g.bandwidth_gbs, g.latency_us) == (row.bandwidth_gbs, row.latency_us)
+    assert (g.bandwidth_gbs, g.latency_us) != (300 * machine.intra_node.efficiency, machine.intra_node.latency_us)
+
+
+def test_the_fitted_row_prices_an_8_gpu_all_reduce_near_the_measured_time() -> None:
+    """nccl-tests on the vTrain node: 93.25 µs for 2 MiB and 358.1 µs for 32 MiB over 8 A100s."""
+    machine = load_machine("dgx-a100")
+    for nbytes, measured_us in ((2**21, 93.25), (2**25, 358.1)):
+        bw, lat = place_groups(machine, np.array([1]), np.array([8]))
+        t_us = all_reduce_s(np.array([float(nbytes)]), np.array([8.0]), bw, lat)[0] * 1e6
+        assert t_us == pytest.approx(measured_us, rel=0.15)
+
+
+@pytest.mark.parametrize(("stride", "size"), [(1, 16), (8, 2), (4, 4)])
+def test_a_row_measured_inside_a_node_never_prices_a_group_that_crosses_nodes(stride: int, size: int) -> None:
+    """An NVLink measurement says nothing of InfiniBand: crossing groups keep the network theory."""
+    machine = load_machine("dgx-a100")
+    theory = machine.model_copy(update={"measured_bandwidth": ()})
+    g = place(machine, stride, size)
+    assert g.crosses_nodes
+    assert (g.bandwidth_gbs, g.latency_us) == (place(theory, stride, size).bandwidth_gbs, machine.inter_node.latency_us)
+
+
+def test_a_row_without_a_latency_keeps_the_machine_latency() -> None:
+    machine = load_machine("perlmutter")
+    assert all(r.latency_us is None for r in machine.measured_bandwidth)
+    assert place(machine, 1, 2).latency_us == machine.intra_node.latency_us

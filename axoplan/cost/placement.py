@@ -16,7 +16,10 @@ With ``N`` devices per node (``docs/algorithm.md`` §3; Plexus ``comm_model.py``
   crossing group spanning ``N`` nodes keeps ``(N / N_ref)^(−scale_exponent)`` of its
   bandwidth, the measured table's included (its rows were taken at ``N_ref`` nodes).
 
-A row of the machine's measured table that matches (stride, size) overrides the theory.
+A row of the machine's measured table that matches (stride, size) overrides the theory's
+bandwidth, and its latency too where the row has one (an α-β fit to a message-size sweep).
+A row only stands in for groups on the same side of the node boundary as the group it was
+measured on: an NVLink measurement says nothing about a group that crosses the network.
 Placement depends only on (stride, size), so it is computed once per distinct pair and
 broadcast back to all candidates.
 """
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.machine import Machine
+from axoplan.machine import Machine, MeasuredBandwidth
 
 __all__ = ["GroupPlacement", "place", "place_groups"]
 
@@ -58,15 +61,22 @@ def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
 def _place(machine: Machine, stride: int, size: int) -> GroupPlacement:
     if size <= 1:
         return GroupPlacement(math.inf, 0.0, False, "none")
-    n = machine.devices_per_node
-    inside = stride * size <= n and n % (stride * size) == 0
+    inside = _inside(machine, stride, size)
     theory = _inside_node(machine, stride, size) if inside else _across_nodes(machine, stride, size)
-    measured = _measured(machine, stride, size)
-    if measured is None:
+    row = _measured(machine, stride, size)
+    if row is None or _inside(machine, row.stride, row.size) != inside:
         return theory
+    bandwidth = row.bandwidth_gbs
     if theory.crosses_nodes:
-        measured *= machine.inter_node.scale_factor(_nodes_spanned(machine, stride, size))
-    return GroupPlacement(measured, theory.latency_us, theory.crosses_nodes, f"{theory.link} (measured)")
+        bandwidth *= machine.inter_node.scale_factor(_nodes_spanned(machine, stride, size))
+    latency = theory.latency_us if row.latency_us is None else row.latency_us
+    return GroupPlacement(bandwidth, latency, theory.crosses_nodes, f"{theory.link} (measured)")
+
+
+def _inside(machine: Machine, stride: int, size: int) -> bool:
+    """Whether every group of this shape sits inside one node."""
+    n = machine.devices_per_node
+    return stride * size <= n and n % (stride * size) == 0
 
 
 def _nodes_spanned(machine: Machine, stride: int, size: int) -> int:
@@ -136,7 +146,7 @@ def _slowest_link(machine: Machine, members: list[int]) -> str:
     return machine.link_class_name(members[i], members[j])
 
 
-def _measured(machine: Machine, stride: int, size: int) -> float | None:
+def _measured(machine: Machine, stride: int, size: int) -> MeasuredBandwidth | None:
     """Exact (stride, size) row; the largest stride and size in the table match beyond."""
     rows = machine.measured_bandwidth
     if not rows:
@@ -145,7 +155,7 @@ def _measured(machine: Machine, stride: int, size: int) -> float | None:
     s = stride if stride in strides else (strides[-1] if stride > strides[-1] else None)
     if s is None:
         return None
-    at_stride = {r.size: r.bandwidth_gbs for r in rows if r.stride == s}
+    at_stride = {r.size: r for r in rows if r.stride == s}
     if size in at_stride:
         return at_stride[size]
     biggest = max(at_stride)
