@@ -14,7 +14,7 @@ import yaml
 from axoplan.cost.collectives import all_reduce_s
 from axoplan.errors import AxoplanError
 from axoplan.machine import MeasuredBandwidth, load_machine
-from axoplan.validate.collective_fit import fit_all_reduce, read_nccl_tests_csv
+from axoplan.validate.collective_fit import fit_all_reduce, read_nccl_tests_csv, read_nccl_tests_log
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = REPO / "data/measured/nccl-tests-a100-vtrain"
@@ -70,3 +70,49 @@ def test_an_unreadable_table_is_a_one_line_error(tmp_path: Path) -> None:
     bad.write_text("size(B),count\n1048576,oops\n")
     with pytest.raises(AxoplanError, match="nccl-tests CSV"):
         read_nccl_tests_csv(bad)
+
+
+def _perf_log(path: Path, ranks: int, latency_us: float, bus_gbs: float, *, root_column: bool) -> Path:
+    """An all_reduce_perf printout of an exact α-β group, in nccl-tests' own layout."""
+    header = ["# nThread 1 nGpus 1 minBytes 1048576 maxBytes 1073741824 step: 2(factor) warmup iters: 5",
+              "#", "# Using devices"]
+    header += [f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on     node01 device {r:2d} [0x07] NVIDIA A100-SXM4-80GB"
+               for r in range(ranks)]
+    header += ["#", "#       size         count      type   redop    root     time   algbw   busbw #wrong"]
+    body = []
+    for k in range(20, 31):
+        nbytes = 2.0**k
+        t_us = all_reduce_s(np.array([nbytes]), np.array([float(ranks)]), np.array([bus_gbs]),
+                            np.array([latency_us]))[0] * 1e6
+        root = "      -1" if root_column else ""
+        body.append(f"  {int(nbytes):10d}  {int(nbytes) // 4:12d}     float     sum{root}  {t_us:8.2f}"
+                    f"  {nbytes / t_us / 1e3:6.2f}  {0:6.2f}      0  {t_us:8.2f}  {0:6.2f}  {0:6.2f}      0")
+    path.write_text("\n".join([*header, *body, "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 1"]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("root_column", [True, False])
+def test_a_saved_all_reduce_perf_output_gives_back_its_group_and_parameters(tmp_path: Path, root_column: bool) -> None:
+    log = _perf_log(tmp_path / "ar.log", 4, 9.0, 180.0, root_column=root_column)
+    ranks, nbytes, seconds = read_nccl_tests_log(log)
+    assert ranks == 4 and list(nbytes) == [2.0**k for k in range(20, 31)]
+    fit = fit_all_reduce(nbytes, seconds, ranks)
+    assert fit.latency_us == pytest.approx(9.0, rel=0.01)  # times are printed to 0.01 µs
+    assert fit.bandwidth_gbs == pytest.approx(180.0, rel=0.001)
+
+
+def test_the_script_turns_saved_outputs_into_rows_by_group_size(tmp_path: Path) -> None:
+    logs = [_perf_log(tmp_path / f"ar{p}.log", p, 6.0 * p, 100.0 * p, root_column=True) for p in (8, 2)]
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks/fit_nccl_tests.py"), *map(str, logs),
+                          "--stride", "2"], capture_output=True, text=True, check=True).stdout
+    rows = [MeasuredBandwidth(**r) for r in yaml.safe_load(out)["measured_bandwidth"]]
+    assert [(r.stride, r.size, r.bandwidth_gbs, r.latency_us) for r in rows] == [(2, 2, 200, 12.0), (2, 8, 800, 48.0)]
+
+
+def test_text_that_is_not_an_all_reduce_perf_output_is_a_one_line_error(tmp_path: Path) -> None:
+    log = tmp_path / "other.log"
+    log.write_text("#  Rank  0 Group 0\nhello world\n")
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks/fit_nccl_tests.py"), str(log)],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "does not look like all_reduce_perf output" in out.stderr

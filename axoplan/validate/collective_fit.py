@@ -16,6 +16,7 @@ least-squares problem with a closed-form solution. The result is one
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy.typing as npt
 from axoplan.cost.collectives import all_reduce_s
 from axoplan.errors import AxoplanError
 
-__all__ = ["AlphaBeta", "fit_all_reduce", "read_nccl_tests_csv"]
+__all__ = ["AlphaBeta", "fit_all_reduce", "read_nccl_tests_csv", "read_nccl_tests_log"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -72,3 +73,39 @@ def read_nccl_tests_csv(path: Path) -> tuple[Floats, Floats]:
         raise AxoplanError(f"cannot read {path} as an nccl-tests CSV (size in bytes, count, type, time in ns, ...): "
                            f"{err}") from err
     return nbytes, seconds
+
+
+_RANK_LINE = re.compile(r"^#\s+Rank\s+\d+\s")
+
+
+def read_nccl_tests_log(path: Path) -> tuple[int, Floats, Floats]:
+    """(group size, bytes, seconds) from what ``all_reduce_perf`` prints.
+
+    The group size is the number of ``#  Rank N ...`` lines; each result line gives size in
+    bytes, count, type, reduction, a root column (nccl-tests 2.13 and later), then the
+    out-of-place time in µs. Lines that are not results (``#`` comments, launcher chatter) are
+    skipped.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise AxoplanError(f"cannot read {path}: {err.strerror or err}") from err
+    ranks = sum(1 for line in lines if _RANK_LINE.match(line))
+    points = [p for p in (_result(line) for line in lines) if p is not None]
+    if ranks < 2 or len(points) < 2:
+        raise AxoplanError(f"{path} does not look like all_reduce_perf output over 2 or more ranks "
+                           f"(found {ranks} '# Rank' lines and {len(points)} result lines)")
+    nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
+    return ranks, nbytes, seconds
+
+
+def _result(line: str) -> tuple[float, float] | None:
+    """(bytes, out-of-place seconds) of one result line; None for anything else."""
+    tokens = line.split()
+    if len(tokens) not in (12, 13) or not tokens[0].isdigit() or not tokens[1].isdigit():
+        return None
+    time_us = tokens[5] if len(tokens) == 13 else tokens[4]  # 13 tokens: with the root column
+    try:
+        return float(tokens[0]), float(time_us) * 1e-6
+    except ValueError:
+        return None
