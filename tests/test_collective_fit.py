@@ -116,3 +116,8 @@ def test_text_that_is_not_an_all_reduce_perf_output_is_a_one_line_error(tmp_path
                          capture_output=True, text=True)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "does not look like all_reduce_perf output" in out.stderr
+
+
+def test_a_sweep_with_a_zero_time_is_refused() -> None:
+    with pytest.raises(AxoplanError, match="must be positive"):
+        fit_all_reduce(np.array([1e6, 2e6]), np.array([1e-4, 0.0]), 2)

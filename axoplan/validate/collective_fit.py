@@ -46,6 +46,8 @@ def fit_all_reduce(nbytes: Floats, seconds: Floats, group_size: int) -> AlphaBet
     nbytes, seconds = np.asarray(nbytes, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
     if group_size < 2 or nbytes.size < 2 or nbytes.shape != seconds.shape or np.unique(nbytes).size < 2:
         raise AxoplanError("fitting an all-reduce needs a group of 2 or more and at least two message sizes")
+    if not (np.all(np.isfinite(seconds)) and np.all(seconds > 0) and np.all(nbytes > 0)):
+        raise AxoplanError("every message size and time of the sweep must be positive")
     p = np.full_like(nbytes, float(group_size))
     per_latency_us = all_reduce_s(nbytes, p, np.full_like(nbytes, np.inf), np.ones_like(nbytes))
     per_inverse_gbs = all_reduce_s(nbytes, p, np.ones_like(nbytes), np.zeros_like(nbytes))
