@@ -63,8 +63,8 @@ def _place(machine: Machine, stride: int, size: int) -> GroupPlacement:
         return GroupPlacement(math.inf, 0.0, False, "none")
     inside = _inside(machine, stride, size)
     theory = _inside_node(machine, stride, size) if inside else _across_nodes(machine, stride, size)
-    row = _measured(machine, stride, size)
-    if row is None or _inside(machine, row.stride, row.size) != inside:
+    row = _measured(machine, stride, size, inside)
+    if row is None:
         return theory
     bandwidth = row.bandwidth_gbs
     if theory.crosses_nodes:
@@ -146,8 +146,9 @@ def _slowest_link(machine: Machine, members: list[int]) -> str:
     return machine.link_class_name(members[i], members[j])
 
 
-def _measured(machine: Machine, stride: int, size: int) -> MeasuredBandwidth | None:
-    """Exact (stride, size) row; the largest stride and size in the table match beyond."""
+def _measured(machine: Machine, stride: int, size: int, inside: bool) -> MeasuredBandwidth | None:
+    """Exact (stride, size) row; the largest stride and size in the table match beyond. A row
+    measured on the other side of the node boundary than the group (`inside`) does not match."""
     rows = machine.measured_bandwidth
     if not rows:
         return None
@@ -156,7 +157,6 @@ def _measured(machine: Machine, stride: int, size: int) -> MeasuredBandwidth | N
     if s is None:
         return None
     at_stride = {r.size: r for r in rows if r.stride == s}
-    if size in at_stride:
-        return at_stride[size]
     biggest = max(at_stride)
-    return at_stride[biggest] if size > biggest else None
+    row = at_stride.get(size, at_stride[biggest] if size > biggest else None)
+    return row if row is not None and _inside(machine, row.stride, row.size) == inside else None
