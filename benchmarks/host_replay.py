@@ -35,7 +35,8 @@ rearranges are transposes here), the CPU's 5 kB RNG state against CUDA's 16 byte
 AxoNN's collectives are identities here, as on one GPU; the cost model counts each collective
 call separately.
 
-Prints the three figures of the profile and the times behind them.
+Prints the CPU (and GPU) it ran on (``axoplan.executor.hardware``), then the three figures of
+the profile and the times behind them.
 """
 
 from __future__ import annotations
@@ -544,6 +545,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--framework", choices=sorted(BLOCKS), default="megatron-deepspeed")
     args = parser.parse_args()
+    from axoplan.executor.hardware import environment, summary_lines
+
+    print("\n".join(summary_lines(environment())))  # the core the times below belong to
     r = measure(args.layers, args.repeats, args.rounds, args.framework)
     print(f"probe op on this core:      {r.op_us:8.2f} us")
     print(f"block forward (grad on):    {r.forward_us:8.1f} us")

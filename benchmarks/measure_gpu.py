@@ -10,8 +10,10 @@ On a node with N GPUs (one is enough) this does, in order:
    Gx x Gy x Gz x Gdata of w ranks, ``axoplan run plan.json --local w`` of a GPT model,
    --reps times, appending one measured-run record each to ``OUT/runs.jsonl`` (on one
    GPU the hidden sizes are what varies: GEMM shapes, hence efficiency);
-3. writes ``OUT/environment.json``: device, GPU count, torch / CUDA / NCCL versions, host,
-   start and end time and the command line, i.e. where and how the data was taken;
+3. writes ``OUT/environment.json``: device, the host CPU (model name, family / model /
+   stepping, cores; ``axoplan.executor.hardware``) and the GPU's name, GPU count, Python /
+   torch / CUDA / NCCL versions, host, start and end time and the command line, i.e. where
+   and how the data was taken;
 4. prints ``axoplan validate OUT/runs.jsonl`` against MACHINE.
 
 Nothing in OUT is overwritten: the script stops if OUT/runs.jsonl or OUT/probe.yaml exists.
@@ -64,14 +66,17 @@ def environment(args: argparse.Namespace, gpus: int) -> dict[str, object]:
     """Where and how: the facts a reader of the data needs."""
     import torch
 
+    from axoplan.executor.hardware import hardware_identity
     from axoplan.executor.train import device_name
 
     cuda = args.device != "cpu" and torch.cuda.is_available()
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
     return {
         "device_name": device_name(torch.device("cuda", 0) if cuda else torch.device("cpu")),
+        **hardware_identity(gpu=cuda),  # the host CPU (host.op_us is per op on it) and the GPU, if one is used
         "ranks": gpus, "backend": "nccl" if cuda else "gloo", "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None, "nccl": nccl, "host": platform.node(),
+        "python": platform.python_version(),
         "machine_yaml": args.machine, "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from axoplan.commands.probe import _with_host_identity
 from axoplan.cost.placement import place
+from axoplan.executor import hardware
 from axoplan.executor.fragment import (
     CollectivePoint,
     GemmTime,
@@ -24,6 +26,7 @@ from axoplan.executor.fragment import (
     plan_gemm_shapes,
     render_fragment,
 )
+from axoplan.executor.hardware import CpuIdentity, cpu_identity
 from axoplan.layout import Layout
 from axoplan.machine import Machine, load_machine, machines_dir
 from tests.conftest import run_cli
@@ -116,6 +119,24 @@ def test_fragment_merges_into_a_machine_and_feeds_placement(name: str) -> None:
     assert machine.device == load_machine(name).device  # only the measured blocks changed
 
 
+def test_the_fragment_names_the_host_cpu_and_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU line comes from the one reader (axoplan.executor.hardware), after the header; a GPU
+    probe (nccl) names the ranks' device; the fragment still merges and loads."""
+    fixed = CpuIdentity(model_name="AMD EPYC 7742 64-Core Processor", arch="x86_64", vendor="AuthenticAMD",
+                        family=23, model=49, stepping=0, usable_cores=128, logical_cpus=256, virtualised=False)
+    monkeypatch.setattr(hardware, "cpu_identity", lambda: fixed)
+    gpu = _result().model_copy(update={"backend": "nccl", "device_name": "NVIDIA A100-SXM4-80GB"})
+    text = _with_host_identity(render_fragment(gpu, 312.0, "dgx-a100", "now"), gpu)
+    lines = text.splitlines()
+    assert lines[0].startswith("# axoplan probe, now: 4 rank(s) on NVIDIA A100-SXM4-80GB")
+    assert lines[1] == ("# host CPU (rank 0's node; host.op_us is per op on its cores): AMD EPYC 7742 64-Core "
+                        "Processor (AuthenticAMD family 23 model 49 stepping 0, x86_64), 128 usable cores of 256")
+    assert lines[2] == "# GPU: NVIDIA A100-SXM4-80GB"
+    assert yaml.safe_load(text) == yaml.safe_load(render_fragment(gpu, 312.0, "dgx-a100", "now"))  # comments only
+    cpu = _with_host_identity(render_fragment(_result(), 0.1, "local-cpu", "now"), _result())
+    assert "# GPU:" not in cpu and "AMD EPYC 7742" in cpu.splitlines()[1]
+
+
 def test_merge_replaces_lists_and_merges_mappings() -> None:
     base = {"a": {"b": 1, "c": 2}, "rows": [1, 2], "x": 1}
     assert merge_fragment(base, {"a": {"c": 3}, "rows": [9]}) == {"a": {"b": 1, "c": 3}, "rows": [9], "x": 1}
@@ -162,6 +183,10 @@ def test_probe_on_one_rank_writes_the_gemm_table_and_keeps_the_machines_bandwidt
     assert done.returncode == 0, done.stderr
     fragment = yaml.safe_load(out.read_text())
     assert "measured_bandwidth" not in fragment and "form no group" in out.read_text()
+    # the core host.op_us was measured on is named, second line (this host: the rank ran here)
+    assert out.read_text().splitlines()[1] == ("# host CPU (rank 0's node; host.op_us is per op on its cores): "
+                                               f"{cpu_identity().describe()}")
+    assert "# GPU:" not in out.read_text()  # gloo on CPU ranks: no GPU to name
     assert len(fragment["gemm"]["table"]) == 8  # every (m, n, k) of {64, 128}, nn only without --plan
     assert "orientation_efficiency" not in fragment["gemm"]
     base = yaml.safe_load((machines_dir() / "frontier.yaml").read_text())

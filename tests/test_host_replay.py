@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from axoplan.executor.hardware import cpu_identity
 from axoplan.framework import load_framework
 from tests.conftest import REPO
 
@@ -43,12 +44,13 @@ def test_the_checkpointed_replica_recomputes_exactly_what_the_plain_one_computed
 
 
 def test_the_replay_prints_the_profile_figures_and_finds_more_than_the_counted_ops() -> None:
-    """One quick run through the real entry point: it prints the three op-equivalent figures of
+    """One quick run through the real entry point: it names the CPU, then prints the three op-equivalent figures of
     the profile; the block's forward costs more than the 36 ops counted by reading the code
     (module calls and Python autograd functions are host work too; measured 151-163)."""
     done = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "1", "--repeats", "5", "--layers", "2"],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[:2] == [f"cpu: {cpu_identity().describe()}", "gpu: none"]  # the core it ran on
     figures = dict(re.findall(r"(block\.\S+|recompute\S*): (-?\d+)", done.stdout))
     assert set(figures) == {"block.forward.host_ops", "block.backward.host_ops", "block.recompute_extra_host_ops"}
     assert int(figures["block.forward.host_ops"]) > 36

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from axoplan.executor.hardware import cpu_identity
 from axoplan.runs import read_runs
 from tests.conftest import REPO
 
@@ -46,6 +47,8 @@ def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: P
     env = json.loads((out / "environment.json").read_text())
     assert (env["ranks"], env["backend"], env["machine_yaml"]) == (2, "gloo", "dgx-h100")
     assert env["started"] <= env["finished"] and "--gpus 2" in env["command"]
+    assert env["cpu"] == cpu_identity().as_dict() and env["cpu"]["model_name"]  # the host CPU, from the one reader
+    assert env["gpu"] is None and env["python"]  # CPU ranks: no GPU named
     assert "MAPE" in done.stdout and "10 plans measured on dgx-h100" in done.stdout
 
 

@@ -6,8 +6,9 @@
 The fragment holds ``measured_bandwidth`` rows (one per group stride and size that the
 probed world size's layouts contain) and a ``gemm`` block with a measured ``table`` (with
 ``--plan``, each phase's shape in every operand layout, and ``orientation_efficiency``);
-merge it into a machine YAML (docs/executor.md). Only typer and the standard library are
-imported here.
+merge it into a machine YAML (docs/executor.md). Its header names the CPU of the node that
+wrote it (``axoplan.executor.hardware``), the core ``host.op_us`` was measured on. Only typer
+and the standard library are imported here.
 """
 
 from __future__ import annotations
@@ -177,9 +178,24 @@ def _write(out: Path, result: Any, peak: float, machine: str, base: dict[str, An
     from axoplan.machine import Machine
 
     when = datetime.now(UTC).isoformat(timespec="seconds")
-    text = render_fragment(result, peak, machine, when)
+    text = _with_host_identity(render_fragment(result, peak, machine, when), result)
     Machine.model_validate(merge_fragment(base, yaml.safe_load(text)))  # what we write must load
     write_text_atomic(out, text, force=force)
     typer.echo(text, nl=False)
     typer.echo(f"wrote {out}: {len({(c.stride, c.size) for c in result.collectives})} bandwidth rows, "
                f"{len(result.gemms)} GEMM points; merge it into a machine YAML (docs/executor.md)", err=True)
+
+
+def _with_host_identity(text: str, result: Any) -> str:
+    """`text` with the CPU this process runs on named after its first line: rank 0's node (or,
+    with --local, the node of every rank), whose cores the host figures were measured on. The
+    GPU, where there is one, is the device the first line names (the ranks' own
+    ``torch.cuda.get_device_name``); this process loads no torch."""
+    from axoplan.executor.hardware import cpu_identity
+
+    cpu = cpu_identity()
+    first, _, rest = text.partition("\n")
+    lines = [first, f"# host CPU (rank 0's node; host.op_us is per op on its cores): {cpu.describe()}"]
+    if result.backend == "nccl":
+        lines.append(f"# GPU: {result.device_name}")
+    return "\n".join(lines) + "\n" + rest

@@ -10,7 +10,6 @@ groups that share links or NICs are measured sharing them; per call the slowest 
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from axoplan.executor.fragment import (
     group_shapes,
     message_sizes,
 )
+from axoplan.executor.hardware import usable_cores
 from axoplan.executor.launch import DistEnv
 from axoplan.executor.spec import ExecSettings
 from axoplan.executor.train import device_name, resolve_device, resolve_dtype
@@ -93,13 +93,7 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
                        collectives=tuple(points), host_op_us=host_op_us,
                        host_launch_us=max(device_op_us[0] - host_op_us, 0.0) / CHAIN_KERNELS_PER_OP
                        if device_op_us else 0.0,
-                       cpu_cores=_usable_cores() if device.type == "cpu" else None)
-
-
-def _usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+                       cpu_cores=usable_cores() if device.type == "cpu" else None)
 
 
 HOST_CHAIN = 50  # blocks of four ops: linear, view, transpose, GeLU
