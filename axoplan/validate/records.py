@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from axoplan.axes import parse_tp_order
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable, read_text
 from axoplan.layout import Layout
@@ -63,9 +64,14 @@ CSV_OPTIONAL: dict[str, str] = {
     "max_positions": "0", "tied_embeddings": "true", "biases": "true", "cache_weights": "false",
     "oar": "true", "ors": "true", "oag": "true", "overlap_forward_all_reduce": "false",
     "grad_reduce_dtype": "fp32", "devices_per_node": "", "t_step_std_s": "0", "framework": "axonn",
+    "attention": "flash", "tp_order": "xyz", "num_params": "",
 }
-"""Optional columns and their defaults ('' = derived: GQA off, 4·H FFN, the machine's node size).
-Columns named ``phase_<name>_s`` carry measured seconds per iteration by phase."""
+"""Optional columns and their defaults ('' = derived: GQA off, 4·H FFN, the machine's node size; no
+parameter-count check). ``framework`` names the training code that ran (``frameworks/<name>.yaml``:
+its host work, memory and collectives), ``attention`` its attention kernel (``flash`` or ``unfused``),
+``tp_order`` the tensor-parallel rank order innermost first, ``num_params`` the parameter count the
+source reports (a row whose model shape gives another count is refused). Columns named
+``phase_<name>_s`` carry measured seconds per iteration by phase."""
 
 VTRAIN_COLUMNS: tuple[str, ...] = (
     "gpus", "global_batch", "micro_batch", "hidden", "heads", "layers", "seq_len", "t", "d", "p", "iteration_ms",
@@ -115,12 +121,13 @@ def _as_executed(plan: LaunchConfig) -> LaunchConfig:
 
 
 def _read_csv(path: Path) -> list[Measured]:
-    lines = read_text(path, "runs file").splitlines()
+    lines = read_text(path, "runs file").removeprefix("\ufeff").splitlines()  # a spreadsheet's byte-order mark
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None and "iteration time" in lines[first].lower():  # vTrain's header is a '#' line
+        return _rows(path, lines, first, _vtrain_row, header=VTRAIN_COLUMNS)
+    first = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), None)
     if first is None:
         return []
-    if "iteration time" in lines[first].lower():
-        return _rows(path, lines, first, _vtrain_row, header=VTRAIN_COLUMNS)
     header = [h.strip() for h in next(csv.reader([lines[first]]))]
     _check_header(path, first + 1, header)
     machines: dict[str, int] = {}
@@ -166,10 +173,12 @@ def _axoplan_row(row: dict[str, str], where: str, node_sizes: dict[str, int]) ->
                        overlap_all_reduce=get.bool("oar"), overlap_reduce_scatter=get.bool("ors"),
                        overlap_all_gather=get.bool("oag"),
                        overlap_forward_all_reduce=get.bool("overlap_forward_all_reduce"),
-                       grad_reduce_dtype=get.text("grad_reduce_dtype"), framework=get.text("framework"))
+                       grad_reduce_dtype=get.text("grad_reduce_dtype"), framework=get.text("framework"),
+                       attention=get.text("attention"))
+    _check_params(where, model, get.int("num_params", None))
     machine = get.text("machine")
     per_node = get.int("devices_per_node", None) or _node_size(machine, where, node_sizes)
-    layout = _layout(where, get.int("gx"), get.int("gy"), get.int("gz"), get.int("gdata"))
+    layout = _layout(where, get.int("gx"), get.int("gy"), get.int("gz"), get.int("gdata"), order=get.text("tp_order"))
     plan = _plan(where, machine=machine, devices_per_node=per_node, model=model, options=options, layout=layout,
                  micro_batch=mb, recompute=recompute, cache_weights=cache)
     phases = {k[len("phase_"):-len("_s")]: get.positive(k) for k in row if k.startswith("phase_") and row[k]}
@@ -272,11 +281,19 @@ def _options(where: str, **fields: Any) -> RunOptions:
         raise AxoplanError(describe_validation_error(err, f"{where} (run options)", RunOptions)) from None
 
 
-def _layout(where: str, *sizes: int) -> Layout:
+def _layout(where: str, *sizes: int, order: str = "xyz") -> Layout:
     try:
-        return Layout(*sizes)
+        return Layout(*sizes, order=parse_tp_order(order))
     except (ValueError, AxoplanError) as err:
         raise AxoplanError(f"{where}: {err}") from None
+
+
+def _check_params(where: str, model: ModelSpec, reported: int | None) -> None:
+    """Refuse a row whose model shape contradicts the parameter count its source reports."""
+    if reported is not None and model.num_params() != reported:
+        raise AxoplanError(f"{where}: column 'num_params': the row's shape gives {model.num_params():,} parameters, "
+                           f"not {reported:,}; check layers, hidden, heads, vocab, max_positions, biases and "
+                           "tied_embeddings")
 
 
 def _plan(where: str, **fields: Any) -> LaunchConfig:
