@@ -12,8 +12,10 @@ reasons are reported (the first that fails names the candidate's reason):
 * ``batch``: Gdata·Gz·micro-batch divides the global batch (gradient accumulation);
 * ``zblock``: only for AxoNN's own linears, which do not pad: Gz divides each layer's
   X·Y weight block (the native executor zero-pads the last Z shard);
-* ``memory``: the predicted memory fits the usable HBM (planner only: the executor
-  cannot know before it runs).
+* ``memory``: the memory the layout needs does not fit the HBM even at the low end of its
+  interval (``axoplan.cost.memory.memory_verdict``; a layout whose interval straddles the HBM
+  is *tight*: feasible, and marked in the tables). Planner only: the executor cannot know
+  before it runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy.typing as npt
 
 from axoplan.axes import label
 from axoplan.candidates import Candidates
+from axoplan.cost.memory import MemoryVerdict
 from axoplan.model import ModelSpec
 from axoplan.options import RunOptions
 
@@ -45,8 +48,7 @@ class Feasibility:
     options: RunOptions
     candidates: Candidates
     fails: dict[str, Bools]  # one mask per entry of REASONS[1:]
-    mem_total_bytes: Floats | None = None
-    hbm_usable_bytes: float | None = None
+    memory: MemoryVerdict | None = None
 
     @property
     def reason(self) -> npt.NDArray[np.uint8]:
@@ -74,8 +76,8 @@ class Feasibility:
 
 
 def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "native",
-          mem_total_bytes: Floats | None = None, hbm_usable_bytes: float | None = None) -> Feasibility:
-    """Every rule for every candidate (vectorised); memory only when its columns are given."""
+          memory: MemoryVerdict | None = None) -> Feasibility:
+    """Every rule for every candidate (vectorised); memory only when its verdict is given."""
     n = len(c)
     sizes = c.sizes()
     dims = {axis: np.zeros(n, dtype=bool) for axis in ("x", "y")}
@@ -93,10 +95,9 @@ def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "n
         "heads": (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0),
         "batch": options.global_batch % (c.gdata * c.gz * c.micro_batch) != 0,
         "zblock": zblock,
-        "memory": (mem_total_bytes > hbm_usable_bytes if mem_total_bytes is not None and hbm_usable_bytes
-                   is not None else np.zeros(n, dtype=bool)),
+        "memory": memory.does_not_fit if memory is not None else np.zeros(n, dtype=bool),
     }
-    return Feasibility(model, options, c, fails, mem_total_bytes, hbm_usable_bytes)
+    return Feasibility(model, options, c, fails, memory)
 
 
 def _positions(f: Feasibility, i: int) -> str:
@@ -130,9 +131,10 @@ def _zblock(f: Feasibility, i: int) -> str:
 
 
 def _memory(f: Feasibility, i: int) -> str:
-    assert f.mem_total_bytes is not None and f.hbm_usable_bytes is not None
-    need = f.mem_total_bytes[i] / 1e9
-    return f"needs {need:.1f} GB per GPU, {f.hbm_usable_bytes / 1e9:.1f} GB usable"
+    m = f.memory
+    assert m is not None
+    return (f"needs {m.need_bytes[i] / 1e9:.1f} GB per GPU (at least {m.low_bytes[i] / 1e9:.1f}) with the reserve, "
+            f"more than the {m.hbm_bytes / 1e9:.0f} GB of HBM")
 
 
 _TEXT: dict[str, Callable[[Feasibility, int], str]] = {

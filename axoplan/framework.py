@@ -13,22 +13,30 @@ whether it checkpoints), not on the machine: a profile in ``frameworks/<name>.ya
 the counts, each line with where it was counted or measured. A run's framework is a run
 option (``RunOptions.framework``); the measured-run CSV names it in a ``framework`` column.
 
+A profile also says how the framework holds memory (:class:`MemoryRules`: bytes per parameter
+of each training state and whether data parallelism shards it, what a micro-batch keeps for the
+backward, the loss's logits) and how it moves weights over Z (per linear layer as AxoNN, or per
+wrapped block as FSDP). Every number names its source in the YAML.
+
     >>> load_framework("megatron-deepspeed").block.forward.kernels
     10
+    >>> load_framework("pytorch-fsdp").memory.optimizer.bytes_per_param
+    8.0
 """
 
 from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, NonNegativeInt, ValidationError
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
-__all__ = ["PhaseCounts", "BlockCounts", "FrameworkProfile", "load_framework", "shipped_frameworks",
-           "frameworks_dir", "DEFAULT_FRAMEWORK"]
+__all__ = ["PhaseCounts", "BlockCounts", "StateBytes", "MemoryRules", "FrameworkProfile", "load_framework",
+           "shipped_frameworks", "frameworks_dir", "DEFAULT_FRAMEWORK"]
 
 DEFAULT_FRAMEWORK = "axonn"
 """The framework `rank` plans for: Megatron-AxoNN (AxoNN's own training code)."""
@@ -55,6 +63,43 @@ class BlockCounts(Frozen):
     recompute_extra_host_ops: NonNegativeInt = 0
 
 
+class StateBytes(Frozen):
+    """One training state of a parameter: bytes per parameter of the GPU's 4D shard, and whether
+    data parallelism shards it further (ZeRO stage 1, Megatron's distributed optimizer)."""
+
+    bytes_per_param: NonNegativeFloat
+    sharded_over_data: bool = False
+
+
+class MemoryRules(Frozen):
+    """How a framework holds memory on one GPU (``axoplan/cost/memory.py`` has the formulas).
+
+    ``weights``, ``gradients`` and ``optimizer`` are the persistent states per parameter. A
+    micro-batch keeps, per layer and token, ``8 + 2·dropout`` bytes per hidden unit outside
+    the attention core and MLP (norm inputs and outputs, dropout masks: Korthikanti et al. 2022,
+    eq. 2) and the Q/K/V, attention output and MLP activations; ``logits_bytes`` per logit
+    while the loss runs; ``gathered_units`` Z-gathered weight units at once (the one in use
+    and the prefetched one) plus one unit's full gradient before its reduce-scatter.
+    """
+
+    weights: StateBytes = Field(description="The weights the forward reads (bf16 copy, or the fp32 shard "
+                                "FSDP casts from).")
+    gradients: StateBytes = Field(description="Accumulated gradients.")
+    optimizer: StateBytes = Field(description="fp32 master weights (where separate) and Adam's two moments.")
+    shards_replicated_params: bool = Field(
+        False, description="true: norms and biases are flattened into the sharded parameters (FSDP); false: every "
+        "GPU holds them whole (AxoNN, Megatron).")
+    dropout: bool = Field(True, description="Dropout after attention and MLP keeps a 1-byte mask per element.")
+    logits_bytes: PositiveInt = Field(
+        6, description="Bytes per logit alive at the loss's peak: bf16 logits plus the loss's copies.")
+    gathered_units: PositiveInt = Field(
+        2, description="Z-gathered weight units alive at once (the current one and one prefetched).")
+    communicators: NonNegativeInt = Field(
+        5, description="Collective communicators a rank keeps (each holds buffers, device.reserve).")
+    embedding_gathered: bool = Field(
+        False, description="true: the embeddings stay Z-gathered from forward to backward (FSDP's root unit).")
+
+
 class FrameworkProfile(Frozen):
     """A training framework as the cost model needs it (see the module docstring)."""
 
@@ -62,6 +107,17 @@ class FrameworkProfile(Frozen):
     description: str = ""
     block: BlockCounts
     head: BlockCounts = Field(description="The final norm, LM head and vocabulary-parallel loss, per micro-batch.")
+    memory: MemoryRules = Field(description="How the framework holds memory.")
+    z_gather_unit: Literal["linear", "block"] = Field(
+        "linear", description="What one Z all-gather (and reduce-scatter) moves: one linear layer's weight block "
+        "(AxoNN) or a whole transformer block's flat parameter (FSDP wraps each block).")
+    loss_traffic_bytes: NonNegativeFloat = Field(
+        30.0, description="HBM bytes the loss moves per logit over its forward and backward (the unfused "
+        "softmax cross-entropy on an fp32 copy: about 30; a fused cross-entropy kernel: a read forward, a "
+        "read and a write backward, 6).")
+    z_reduce_scatter_in_grad_dtype: bool = Field(
+        False, description="true: the Z reduce-scatter of gradients runs in the run's grad_reduce_dtype (FSDP's "
+        "reduce_dtype); false: in bf16 (AxoNN's REDUCE_SCATTER_DTYPE).")
     grad_reduce_overlaps_backward: bool = Field(
         False, description="true: the data-parallel gradient all-reduce is bucketed per layer and launched during "
         "the last micro-batch's backward (DDP-style), so each layer's bucket hides behind the next layer's "

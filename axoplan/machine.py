@@ -25,7 +25,7 @@ from axoplan.fileio import check_readable
 from axoplan.launcher import LauncherSpec
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
-__all__ = ["Machine", "load_machine", "shipped_machines", "machines_dir", "Orientation", "ORIENTATIONS",
+__all__ = ["Machine", "Reserve", "load_machine", "shipped_machines", "machines_dir", "Orientation", "ORIENTATIONS",
            "OrientationEfficiency"]
 
 Fraction = float
@@ -34,24 +34,23 @@ Fraction = float
 class Reserve(Frozen):
     """HBM a training process holds beyond its live tensors, per device, from its parts.
 
-    ``hidden + runtime + per_communicator · communicators + fragmentation · hbm_gb`` GB. The
-    defaults are NVIDIA/NCCL figures (docs/decisions.md, issue 9, "Allocator reserve"):
+    ``hidden + runtime + per_communicator · communicators + fragmentation · hbm_gb`` GB, the
+    communicators being the framework's (``frameworks/<name>.yaml``, ``memory.communicators``).
+    The defaults are NVIDIA/NCCL figures (docs/decisions.md, issue 9, "Allocator reserve"):
     the CUDA context with lazy module loading is 0.29–0.4 GB (PyTorch PR 86509, issue 109888)
     and a training process loads cuBLAS, cuDNN, NCCL and fused kernels on top [estimate: 1.0 GB
     in all]; one NCCL process group held 544 MB (2 ranks) to 688 MB (more) on 4×A100 NVLink
-    (NCCL issue 964) [0.6 GB]; AxoNN keeps five communicators per rank (X, Y, Z, data and
-    the world); the caching allocator's fragmentation averaged 9.2 GB of an 80 GB A100
-    across eight LLM trainings (GMLake, Guo et al., ASPLOS 2024) [0.115 of HBM]."""
+    (NCCL issue 964) [0.6 GB]; the caching allocator's fragmentation averaged 9.2 GB of an 80 GB
+    A100 across eight LLM trainings (GMLake, Guo et al., ASPLOS 2024) [0.115 of HBM]."""
 
     hidden_gb: float = Field(0.0, ge=0, description="HBM the system does not expose to the process, GB.")
     runtime_gb: float = Field(1.0, ge=0, description="Runtime context and loaded kernel libraries, GB.")
     per_communicator_gb: float = Field(0.6, ge=0, description="Collective-library buffers per communicator, GB.")
-    communicators: int = Field(5, ge=0, description="Communicators per rank (AxoNN: X, Y, Z, data, world).")
     fragmentation: float = Field(0.115, ge=0, lt=1, description="Caching-allocator fragmentation, fraction of HBM.")
 
-    def gb(self, hbm_gb: float) -> float:
-        """The reserve of a device with `hbm_gb` of HBM, GB."""
-        return (self.hidden_gb + self.runtime_gb + self.per_communicator_gb * self.communicators
+    def gb(self, hbm_gb: float, communicators: int) -> float:
+        """The reserve of a device with `hbm_gb` of HBM under a framework keeping `communicators`, GB."""
+        return (self.hidden_gb + self.runtime_gb + self.per_communicator_gb * communicators
                 + self.fragmentation * hbm_gb)
 
 
@@ -79,6 +78,9 @@ class Device(Frozen):
     cores_per_node: PositiveInt | None = Field(
         None, description="CPU 'devices' only: the cores a node's ranks share. With more ranks on a node than "
         "cores, each rank computes and issues ops at cores/ranks of one core (time-sharing); omit for a GPU.")
+    speed_variation: float = Field(
+        0.0, ge=0, lt=0.5, description="Relative spread (one sigma) of sustained compute speed between devices of "
+        "this kind; a synchronous step waits for the slowest of its N devices (axoplan/cost/scale.py).")
 
 
 class Host(Frozen):
@@ -112,6 +114,9 @@ class IntraNode(Frozen):
     )
     latency_us: PositiveFloat = Field(description="Per-step collective latency inside a node, microseconds.")
     efficiency: float = Field(0.75, gt=0, le=1, description="Achieved fraction of link bandwidth in collectives.")
+    processor_usage: float = Field(
+        0.0, ge=0, lt=1, description="Share of the device's compute a collective inside a node takes from the work "
+        "it overlaps (Calculon's processor_usage).")
 
 
 class InterNode(Frozen):
@@ -119,6 +124,9 @@ class InterNode(Frozen):
     nic_bandwidth_gbs: PositiveFloat = Field(description="Per NIC, per direction, GB/s.")
     latency_us: PositiveFloat = Field(description="Per-step collective latency across nodes, microseconds.")
     efficiency: float = Field(0.8, gt=0, le=1, description="Achieved fraction of injection bandwidth.")
+    processor_usage: float = Field(
+        0.0, ge=0, lt=1, description="Share of the device's compute a collective across nodes takes from the work "
+        "it overlaps (Calculon's processor_usage).")
     nodes_per_group: PositiveInt | None = Field(None, description="Nodes in one dragonfly group, if tapered.")
     global_bandwidth_fraction: float = Field(
         1.0, gt=0, le=1, description="Bandwidth fraction left to groups spanning several dragonfly groups."
@@ -240,7 +248,12 @@ class Machine(Frozen):
     intra_node: IntraNode
     inter_node: InterNode
     gemm: GemmModel
-    attention_efficiency: float = Field(0.45, gt=0, le=1, description="Fraction of peak in flash attention.")
+    attention_efficiency: float = Field(
+        0.45, gt=0, le=1, description="Fraction of peak a fused attention kernel (FlashAttention-2) reaches over its "
+        "forward and backward, on the flops it computes (axoplan/cost/attention.py).")
+    attention_triton_efficiency: float | None = Field(
+        None, gt=0, le=1, description="The same for the Triton FlashAttention kernel (--attention flash-triton); "
+        "attention_efficiency when absent.")
     memory_efficiency: float = Field(0.7, gt=0, le=1, description="Achieved fraction of HBM bandwidth.")
     host: Host
     measured_bandwidth: tuple[MeasuredBandwidth, ...] = Field(
@@ -302,15 +315,15 @@ class Machine(Frozen):
                 return c.name
         return next(c.name for c in self.intra_node.link_classes if c.pairs is None)
 
-    @property
-    def hbm_usable_bytes(self) -> float:
-        return (self.device.hbm_gb - self.reserved_gb) * 1e9
-
-    @property
-    def reserved_gb(self) -> float:
-        """HBM per device not available to live tensors, GB: the measured figure, or the sum of the parts."""
+    def reserved_gb(self, communicators: int) -> float:
+        """HBM per device not available to live tensors, GB, for a framework keeping `communicators`
+        communicators: the measured ``device.reserved_gb``, or the sum of the parts."""
         d = self.device
-        return d.reserved_gb if d.reserved_gb is not None else d.reserve.gb(d.hbm_gb)
+        return d.reserved_gb if d.reserved_gb is not None else d.reserve.gb(d.hbm_gb, communicators)
+
+    def hbm_usable_bytes(self, communicators: int) -> float:
+        """HBM left to live tensors, bytes."""
+        return (self.device.hbm_gb - self.reserved_gb(communicators)) * 1e9
 
     @property
     def peak_flops(self) -> float:

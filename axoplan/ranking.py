@@ -6,7 +6,7 @@ Infeasible candidates stay in the table with the first reason that rules them ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -14,9 +14,11 @@ import numpy.typing as npt
 
 from axoplan.axes import AXIS_DEFS, order_name
 from axoplan.candidates import Candidates
+from axoplan.cost.memory import memory_verdict
 from axoplan.cost.model import Prediction, predict
 from axoplan.errors import AxoplanError
 from axoplan.feasibility import REASONS, Feasibility, check
+from axoplan.framework import load_framework
 from axoplan.layout import Layout
 from axoplan.machine import Machine
 from axoplan.model import ModelSpec
@@ -106,8 +108,10 @@ def rank_candidates(
     model: ModelSpec, machine: Machine, options: RunOptions, world_size: int, c: Candidates
 ) -> Ranking:
     pred = predict(model, machine, options, c)
-    feasibility = check(model, options, c, mem_total_bytes=pred.columns["mem_total_bytes"],
-                        hbm_usable_bytes=machine.hbm_usable_bytes)
+    verdict = memory_verdict(pred.columns["mem_total_bytes"], machine, load_framework(options.framework))
+    pred = replace(pred, columns=pred.columns | {"mem_need_bytes": verdict.need_bytes,
+                                                  "mem_tight": verdict.tight.astype(np.float64)})
+    feasibility = check(model, options, c, memory=verdict)
     reason = feasibility.reason
     t = pred.columns["t_step_s"]
     order = np.lexsort((t, reason != 0))
@@ -142,11 +146,11 @@ def explain_infeasible(r: Ranking) -> str:
     fits = shape_ok & ~fails["memory"]
     where = f"{r.world_size} GPUs of {r.machine.name}"
     if shape_ok.any() and not fits.any():  # memory binds whatever the batch
-        best = r.column("mem_total_bytes")[shape_ok].min() / 1e9
+        best = r.column("mem_need_bytes")[shape_ok].min() / 1e9
         more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
         fix = f"; the smallest GPU count that fits is {more}" if more else ""
-        return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU, "
-                f"{r.machine.hbm_usable_bytes / 1e9:.1f} GB usable){fix}")
+        return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU with the "
+                f"reserve, of {r.machine.device.hbm_gb:g} GB){fix}")
     if fits.any():
         from axoplan.advice import suggest_global_batches
 

@@ -54,7 +54,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
             f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
-    headers = ["rank", *LABELS, "order", "mbs", "options", "s/iter", "TFLOP/s/GPU", "% peak",
+    headers = ["rank", *LABELS, "order", "mbs", "options", "s/iter", "MFU %", "HFU %",
                "exposed comm s", "mem GB/GPU"]
     shows_interval = "p_best" in r.prediction.columns and not infeasible
     if shows_interval:
@@ -69,10 +69,10 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     rows = []
     for n, i in enumerate(selected_rows(r, top, infeasible), start=1):
         rec = r.row(i)
-        timed = [f"{rec['t_step_s']:.3f}", f"{rec['tflops_per_gpu']:.1f}", f"{rec['pct_peak']:.1f}",
+        timed = [f"{rec['t_step_s']:.3f}", f"{rec['mfu']:.1f}", f"{rec['pct_peak']:.1f}",
                  f"{rec['t_comm_exposed_s']:.3f}"] if r.has_time(i) else ["-"] * 4
         cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "tp_order", "micro_batch")), _options_label(rec), *timed,
-                 f"{rec['mem_total_bytes'] / _GB:.1f}"]
+                 f"{rec['mem_need_bytes'] / _GB:.1f}" + ("*" if rec["mem_tight"] else "")]
         if shows_interval:
             at = len(FIELDS) + 5  # after rank, the axes, order, micro-batch, options and s/iter
             cells[at:at] = [_interval_text(rec), f"{rec['p_best']:.2f}" + ("=" if rec["tied"] else "")]
@@ -85,7 +85,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
         return head + "\n(no rows)"
     right = [True] * (len(LABELS) + 1) + [False, True, False] + [True] * (7 if shows_interval else 5) + \
         [True] * (3 if tokens is not None else 0) + ([False] if infeasible else [])
-    foot = "\n" + _INTERVAL_NOTE if shows_interval else ""
+    foot = "\n" + (_INTERVAL_NOTE + "\n" if shows_interval else "") + _COLUMNS_NOTE
     return head + "\n\n" + text_table(headers, rows, right) + foot
 
 
@@ -93,6 +93,10 @@ def _interval_text(rec: dict[str, Any]) -> str:
     low, high = rec["t_low_s"], rec["t_high_s"]
     return "-" if low != low else f"{low:.3f}-{high:.3f}"
 
+
+_COLUMNS_NOTE = ("MFU: model flops (6·params·tokens + non-causal attention, no recompute: Megatron's and "
+                 "llm-foundry's count) over peak; HFU: the flops the kernels run; mem: per GPU with the reserve, "
+                 "* tight: the HBM is inside its 80% interval (docs/algorithm.md)")
 
 _INTERVAL_NOTE = ("interval: central prediction interval (--level, default 80%); P(best): probability of being "
                   "fastest, from the machine's parameter spread and model error; '=' after P(best) marks layouts "
@@ -168,8 +172,15 @@ def format_explain(r: Ranking, i: int) -> str:
 
 
 def _memory_section(r: Ranking, i: int) -> str:
-    mem = r.prediction.memory
-    return f"Memory per GPU ({r.machine.hbm_usable_bytes / _GB:.1f} GB usable)\n" + text_table(
+    from axoplan.cost.memory import VERDICTS
+
+    mem, verdict = r.prediction.memory, r.feasibility.memory
+    assert verdict is not None
+    head = (f"Memory per GPU ({verdict.usable_bytes / _GB:.1f} GB of {verdict.hbm_bytes / _GB:.0f} GB usable after "
+            f"the reserve; with the reserve it needs {verdict.need_bytes[i] / _GB:.1f} GB, "
+            f"{verdict.low_bytes[i] / _GB:.1f}-{verdict.high_bytes[i] / _GB:.1f} GB: "
+            f"{VERDICTS[int(verdict.verdict[i])]})")
+    return head + "\n" + text_table(
         ["part", "GB"],
         [[k, f"{getattr(mem, k)[i] / _GB:.2f}"] for k in mem.__slots__] + [["total", f"{mem.total[i] / _GB:.2f}"]],
         [False, True])

@@ -42,10 +42,15 @@ def test_every_reason_is_explained():
 def test_memory_reason_matches_the_numbers():
     machine = load_machine("frontier")
     r = rank(load_model("320B"), machine, RunOptions(), 512)
-    mem = r.column("mem_total_bytes")
+    verdict = r.feasibility.memory
+    assert verdict is not None
     oom = r.reason == REASONS.index("memory")
-    assert (mem[oom] > machine.hbm_usable_bytes).all()
-    assert (mem[r.reason == 0] <= machine.hbm_usable_bytes).all()
+    assert oom.any() and (verdict.low_bytes[oom] > machine.device.hbm_gb * 1e9).all()
+    feasible = r.reason == 0
+    assert (verdict.low_bytes[feasible] <= machine.device.hbm_gb * 1e9).all()
+    # a tight layout is ranked and marked: its interval straddles the HBM
+    tight = feasible & (r.column("mem_tight") == 1)
+    assert (verdict.high_bytes[tight] > machine.device.hbm_gb * 1e9).all()
 
 
 def test_smallest_feasible_world_is_feasible_and_minimal_among_tried():

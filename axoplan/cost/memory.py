@@ -1,33 +1,59 @@
-"""Memory per GPU: weights, gradients, optimizer state, gathered buffers, activations.
+"""Memory per GPU: training states, gathered weights, activations and logits, by framework.
 
-Bytes per parameter of the local shard: 2 (bf16 weight) + 4 (fp32 gradient) + 12
-(fp32 master weight and Adam's two moments) — mixed-precision Adam as in ZeRO
-(Rajbhandari et al., SC'20, §3.1), with gradients accumulated in fp32.
-Activations per layer and micro-batch follow Korthikanti et al. (2022, eq. 2) with flash
-attention (no ``5·a·S²`` term): ``tokens·H·(10 + 24)`` bytes, where the 10 (residual,
-norms) are split over X in the 4D layout and the 24 (QKV, attention, MLP) over Y;
-the MLP share scales with ``F / 4H``. Under full recompute only each block's input is
-kept, plus one block's working set during its recompute.
+Every figure is bytes per GPU for every candidate, from the framework's rules
+(:class:`axoplan.framework.MemoryRules`, one YAML per framework):
+
+* **States.** Per parameter of the GPU's shard (``k·n/(Gx·Gy·Gz)`` of each 4D-sharded layer,
+  plus the norms and biases every GPU holds whole, or their ``1/(Gx·Gy·Gz)`` where the
+  framework flattens them into its shards as FSDP does): ``weights``, ``gradients`` and
+  ``optimizer`` bytes, divided by ``Gdata`` where data parallelism shards the state too (ZeRO
+  stage 1, Megatron's distributed optimizer; Rajbhandari et al., SC'20, §5.1).
+* **Gathered weights** (only where ``Gz > 1``): ``gathered_units`` Z-gathered bf16 units (a
+  linear layer's ``k·n/(Gx·Gy)`` block for AxoNN, a whole transformer block for FSDP), plus one
+  unit's full gradient before its reduce-scatter (bf16, and its fp32 copy where the reduction
+  runs in fp32); every layer's blocks when weights are cached (FSDP ``SHARD_GRAD_OP``); the
+  embeddings where the framework keeps them gathered (FSDP's root unit).
+* **Activations** per layer and token (Korthikanti et al. 2022, eq. 2, without its dropout
+  masks where the framework has no dropout): norm inputs and outputs ``8·H`` bytes and dropout
+  masks ``2·H`` over X; Q, K, V ``2·(H + 2·kv·d)``, the attention output ``2·H`` and the MLP
+  ``4·F`` (GeLU input and output; ``6·F`` for SwiGLU: the gate-and-up input and the product)
+  over Y; unfused attention adds ``(2 + 3·dropout)·heads·S`` (softmax output, dropout mask and
+  output). Flash attention keeps no ``S²`` scores (Dao et al. 2022). Under full recompute only
+  each block's input (``2·H/Gx``) is kept, plus one block's working set.
+* **Logits**: ``tokens·V/Gy·logits_bytes`` while the loss runs.
+
+Capacity (:func:`memory_verdict`): a GPU needs the live bytes plus the reserve (runtime, the
+framework's communicators, allocator fragmentation; ``axoplan.machine.Reserve``). Memory gets
+an interval like time: the need within ``exp(±z·σ)`` (``MEMORY_MODEL_SIGMA``, ``z`` the normal
+quantile of the central ``level`` interval). A candidate *fits* when the high end fits the HBM,
+*does not fit* when even the low end exceeds it, and is *tight* between: ranked, and marked.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
 
 from axoplan.candidates import Candidates
+from axoplan.framework import FrameworkProfile, StateBytes
+from axoplan.machine import Machine
 from axoplan.model import ModelSpec
 from axoplan.options import RunOptions
 
-__all__ = ["MemoryBreakdown", "memory_per_gpu"]
+__all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict", "VERDICTS", "padded_vocab",
+           "sharded_params", "replicated_params", "MEMORY_MODEL_SIGMA", "activation_bytes_per_token"]
 
 Floats = npt.NDArray[np.float64]
+BF16 = 2.0
 
-BYTES_WEIGHT = 2.0
-BYTES_GRAD = 4.0
-BYTES_OPTIMIZER = 12.0
+MEMORY_MODEL_SIGMA = 0.10
+"""Relative one-sigma error of the live-memory model (the same 10 % as the time model's default,
+docs/uncertainty.md; no source of ours reports measured peak memory to set it from) [decision]."""
+
+VERDICTS = ("fits", "tight", "does not fit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,41 +93,100 @@ def sharded_params(model: ModelSpec, c: Candidates) -> Floats:
 
 
 def replicated_params(model: ModelSpec) -> float:
-    """Norms and biases: whole on every GPU."""
+    """Norms and biases: whole on every GPU (unless the framework shards them, `MemoryRules`)."""
     final_norm = model.hidden * (2 if model.biases else 1)
     return float(model.num_layers * model.unsharded_params_per_block() + final_norm)
 
 
-def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates) -> MemoryBreakdown:
-    """Peak memory estimate per GPU for every candidate."""
-    params = sharded_params(model, c) + replicated_params(model)
+def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
+                   profile: FrameworkProfile) -> MemoryBreakdown:
+    """Peak memory estimate per GPU for every candidate, under `profile`'s rules."""
+    rules = profile.memory
+    shard = (c.gx * c.gy * c.gz).astype(np.float64)
+    params = sharded_params(model, c) + (replicated_params(model) / shard if rules.shards_replicated_params
+                                         else replicated_params(model))
+    gdata = c.gdata.astype(np.float64)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
-    gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+
+    def state(s: StateBytes) -> Floats:
+        return s.bytes_per_param * params / (gdata if s.sharded_over_data else 1.0)
+
     return MemoryBreakdown(
-        weights=BYTES_WEIGHT * params,
-        gradients=BYTES_GRAD * params,
-        optimizer=BYTES_OPTIMIZER * params,
-        gathered=_gathered_bytes(model, options, c),
-        activations=_activation_bytes(model, c, tokens, gx, gy),
-        logits=tokens * padded_vocab(model, c) / gy * (2.0 + 4.0),
+        weights=state(rules.weights),
+        gradients=state(rules.gradients),
+        optimizer=state(rules.optimizer),
+        gathered=_gathered_bytes(model, options, c, profile),
+        activations=_activation_bytes(model, options, c, profile, tokens),
+        logits=tokens * padded_vocab(model, c) / c.gy.astype(np.float64) * rules.logits_bytes,
     )
 
 
-def _gathered_bytes(model: ModelSpec, options: RunOptions, c: Candidates) -> Floats:
-    """Z-gathered weight blocks alive at once, plus one full-block gradient for the reduce-scatter."""
+def _gathered_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile) -> Floats:
+    """Z-gathered bf16 weight units alive at once, one unit's full gradient before its
+    reduce-scatter, and the embeddings where the framework keeps them gathered (only Gz > 1)."""
+    rules = profile.memory
     gxy = (c.gx * c.gy).astype(np.float64)
-    blocks = np.array([lin.num_params for lin in model.block_linears()], dtype=np.float64)
-    largest = blocks.max() / gxy * BYTES_WEIGHT
-    depth = 2.0 if options.overlap_all_gather else 1.0  # current layer + one prefetched
-    cached = model.num_layers * blocks.sum() / gxy * BYTES_WEIGHT
-    gathered = np.where(c.cache_weights, cached + largest, depth * largest)
-    return np.where(c.gz > 1, gathered + largest, 0.0)
+    linears = np.array([lin.num_params for lin in model.block_linears()], dtype=np.float64)
+    unit = (linears.sum() if profile.z_gather_unit == "block" else linears.max()) / gxy
+    grad_bytes = BF16 + (options.grad_reduce_bytes if profile.z_reduce_scatter_in_grad_dtype
+                         and options.grad_reduce_bytes != BF16 else 0.0)
+    cached = model.num_layers * linears.sum() / gxy * BF16
+    gathered = np.where(c.cache_weights, cached, rules.gathered_units * unit * BF16) + unit * grad_bytes
+    if rules.embedding_gathered:
+        gathered = gathered + model.embedding_params() / gxy * (BF16 + grad_bytes)
+    return np.where(c.gz > 1, gathered, 0.0)
 
 
-def _activation_bytes(model: ModelSpec, c: Candidates, tokens: Floats, gx: Floats, gy: Floats) -> Floats:
-    mlp_scale = model.ffn / (4.0 * model.hidden)
-    per_layer = tokens * model.hidden * (10.0 / gx + (5.0 + 19.0 * mlp_scale) / gy)
-    checkpoint = tokens * model.hidden / gx * BYTES_WEIGHT
+def activation_bytes_per_token(model: ModelSpec, options: RunOptions, profile: FrameworkProfile,
+                               gx: Floats, gy: Floats) -> Floats:
+    """Bytes one block keeps per token for its backward (the module docstring's terms)."""
+    h, f, dropout = float(model.hidden), float(model.ffn), float(profile.memory.dropout)
+    x_part = (8.0 + 2.0 * dropout) * h
+    qkv = BF16 * (h + 2.0 * model.kv_heads * model.head_dim)
+    mlp = (6.0 if model.ffn_kind == "swiglu" else 4.0) * f
+    y_part = qkv + BF16 * h + mlp
+    if options.attention == "unfused":
+        y_part = y_part + (2.0 + 3.0 * dropout) * model.num_heads * options.seq_len
+    return x_part / gx + y_part / gy
+
+
+def _activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile,
+                      tokens: Floats) -> Floats:
+    gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+    per_layer = tokens * activation_bytes_per_token(model, options, profile, gx, gy)
+    checkpoint = tokens * model.hidden / gx * BF16
     full = model.num_layers * per_layer
     recomputed = model.num_layers * checkpoint + per_layer
     return np.where(c.recompute, recomputed, full)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryVerdict:
+    """Per candidate: the memory a GPU needs (the reserve included), its interval, and the verdict."""
+
+    need_bytes: Floats
+    low_bytes: Floats
+    high_bytes: Floats
+    hbm_bytes: float
+    usable_bytes: float  # HBM less the reserve: what live tensors may use
+    verdict: npt.NDArray[np.uint8]  # index into VERDICTS
+
+    @property
+    def tight(self) -> npt.NDArray[np.bool_]:
+        return self.verdict == 1
+
+    @property
+    def does_not_fit(self) -> npt.NDArray[np.bool_]:
+        return self.verdict == 2
+
+
+def memory_verdict(live_bytes: Floats, machine: Machine, profile: FrameworkProfile,
+                   level: float = 0.8) -> MemoryVerdict:
+    """Fits, tight or does not fit: the need's central `level` interval against the HBM."""
+    hbm = machine.device.hbm_gb * 1e9
+    reserve = machine.reserved_gb(profile.memory.communicators) * 1e9
+    z = NormalDist().inv_cdf(0.5 + level / 2.0) * MEMORY_MODEL_SIGMA
+    need = live_bytes + reserve
+    low, high = need * np.exp(-z), need * np.exp(z)
+    verdict = np.where(high <= hbm, 0, np.where(low <= hbm, 1, 2)).astype(np.uint8)
+    return MemoryVerdict(need, low, high, hbm, hbm - reserve, verdict)
