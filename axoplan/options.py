@@ -44,8 +44,9 @@ class RunOptions(Frozen):
     concurrent_z: bool = Field(
         False, description="A second Z communicator, so the backward's Z all-gathers and reduce-scatters run at "
         "once (AxoNN's Gordon Bell branch); they still share the Z links.")
-    attention: Literal["flash", "unfused"] = Field(
-        "flash", description="Attention kernel: flash (fused) or unfused (scores materialised in HBM).")
+    attention: Literal["flash", "flash-triton", "unfused"] = Field(
+        "flash", description="Attention kernel: flash (FlashAttention-2, fused), flash-triton (the Triton "
+        "FlashAttention kernel, fused) or unfused (scores materialised in HBM).")
     precision: Literal["bf16"] = Field("bf16", description="Weights and activations in bf16 (2 bytes).")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Data-parallel gradient all-reduce dtype (the AxoNN authors' model uses fp32)."

@@ -37,6 +37,7 @@ class OnOffSearch(StrEnum):
 
 class Attention(StrEnum):
     flash = "flash"
+    flash_triton = "flash-triton"
     unfused = "unfused"
 
 
@@ -88,15 +89,16 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("concurrent_z", ("--concurrent-z/--no-concurrent-z",), bool, False,
          "A second Z communicator: backward Z all-gathers and reduce-scatters run at once."),
     Flag("attention", ("--attention",), Attention, Attention.flash,
-         "Attention kernel: flash (fused) or unfused (scores materialised in HBM)."),
+         "Attention kernel: flash (FlashAttention-2), flash-triton (Triton FlashAttention) or unfused (scores "
+         "materialised in HBM)."),
     Flag("precision", ("--precision",), Precision, Precision.bf16, "Weights and activations in bf16."),
     Flag("grad_reduce_dtype", ("--grad-reduce-dtype",), GradReduceDtype, GradReduceDtype.fp32,
          "Data-parallel gradient all-reduce dtype."),
     Flag("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, False,
          "AxoNN's GEMM tuner: forward and dX GEMMs in their fastest operand layout."),
     Flag("framework", ("--framework",), str, "axonn",
-         "Training code whose host ops and kernels per block are modelled (frameworks/<name>.yaml): axonn, "
-         "megatron-deepspeed or axoplan-executor."),
+         "Training code whose host work, memory and collectives are modelled (frameworks/<name>.yaml): axonn, "
+         "pytorch-fsdp, megatron-lm, megatron-deepspeed or axoplan-executor."),
 )
 """One flag per RunOptions field, named by the field."""
 

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from axoplan.machine import GemmModel, Machine, Orientation
 
-__all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "attention_s", "memory_bound_s"]
+__all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "memory_bound_s"]
 
 Floats = npt.NDArray[np.float64]
 BYTES_BF16 = 2.0
@@ -82,11 +82,6 @@ def wave_quantized_s(gemm: GemmModel, units: int, peak_flops: float, m: Floats, 
             best = t if best is None else np.minimum(best, t)
     assert best is not None
     return best
-
-
-def attention_s(machine: Machine, flops: Floats) -> Floats:
-    """Seconds for flash-attention work of `flops` on one device."""
-    return flops / (machine.peak_flops * machine.attention_efficiency)
 
 
 def memory_bound_s(machine: Machine, nbytes: Floats) -> Floats:

@@ -1,9 +1,19 @@
-"""Model and hardware flops per optimizer step (Narayanan et al., SC'21, §5.1).
+"""Model and hardware flops per optimizer step, and the conventions behind MFU and HFU.
 
-Model flops: ``6 · params_in_GEMMs · tokens + 12 · L · S · H · tokens`` (three passes
-of every GEMM; attention scores and values, ``4·S·H`` per token per layer forward).
-Hardware flops add the recomputed forward under full activation recompute (the
-96-coefficient count of Megatron-AxoNN ``get_flops``, versus the 72 of model flops).
+**Model flops** (MFU's numerator): ``6 · params_in_GEMMs · tokens + 12 · L · S · H · tokens``:
+three passes of every GEMM, and attention's scores and values at ``4·S·H`` per token and layer
+forward as if no mask skipped anything, without recompute (Narayanan et al., SC'21, §5.1). This
+is Megatron-LM's, llm-foundry's (its ``mfu``: ``3·flops_per_seq + 3·attn_flops_per_seq``) and
+torchtitan's count (``6·N + 12·L·H·Q·T`` per token), so axoplan's MFU compares with theirs; it
+counts the GEMM parameters (blocks and the LM head), not norms, biases or position embeddings
+(llm-foundry's ``n_params`` counts all, a difference under 1 % for these models). MaxText's count
+halves causal attention, so its MFU reads lower than these for the same run.
+
+**Hardware flops** (HFU's numerator, ``pct_peak``): the flops the kernels execute. GEMMs three
+times, and the forward again under full recompute; fused attention on the causal tiles the
+kernel computes (``axoplan.cost.attention.causal_fraction``) forward, 2.5 times that backward
+(FlashAttention recomputes the scores), and the forward again under recompute; unfused attention
+on every score, twice forward's work backward.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.cost.attention import BACKWARD_FLOPS_RATIO, causal_fraction
 from axoplan.model import ModelSpec
 from axoplan.options import RunOptions
 
@@ -31,7 +42,13 @@ def model_flops(model: ModelSpec, options: RunOptions) -> float:
 def hardware_flops(
     model: ModelSpec, options: RunOptions, recompute: npt.NDArray[np.bool_]
 ) -> npt.NDArray[np.float64]:
-    """Flops actually executed: model flops plus one more forward of the blocks if recomputing."""
+    """Flops the kernels execute in one step (the module docstring's count)."""
     per_block = sum(lin.num_params for lin in model.block_linears())
-    extra = options.tokens * model.num_layers * (2.0 * per_block + 4.0 * options.seq_len * model.hidden)
-    return model_flops(model, options) + np.where(recompute, extra, 0.0)
+    rec = recompute.astype(np.float64)
+    gemm = options.tokens * (6.0 * _gemm_params(model) + rec * 2.0 * model.num_layers * per_block)
+    attention_fwd = 4.0 * options.tokens * model.num_layers * options.seq_len * model.hidden
+    if options.attention == "unfused":
+        attention = attention_fwd * (3.0 + rec)
+    else:
+        attention = attention_fwd * causal_fraction(options.seq_len) * (1.0 + BACKWARD_FLOPS_RATIO + rec)
+    return gemm + attention
