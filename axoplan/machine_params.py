@@ -10,7 +10,7 @@ from typing import Any
 
 from axoplan.machine import Machine
 
-__all__ = ["parameter_value", "with_values"]
+__all__ = ["parameter_value", "with_values", "has_value"]
 
 
 def parameter_value(machine: Machine, path: str) -> float:
@@ -19,6 +19,14 @@ def parameter_value(machine: Machine, path: str) -> float:
     for part in path.split("."):
         value = getattr(value, part)
     return float(value)
+
+
+def has_value(machine: Machine, path: str) -> bool:
+    """Whether the machine sets the dotted parameter to a positive number (one a relative spread fits)."""
+    value: Any = machine
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 def with_values(machine: Machine, values: dict[str, float]) -> Machine:

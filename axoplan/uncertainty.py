@@ -49,15 +49,21 @@ DEFAULT_SOURCES: dict[str, str] = {
     "gemm.max_efficiency": "vendor",
     "gemm.half_efficiency_dim": "assumption",
     "attention_efficiency": "assumption",
+    "attention_triton_efficiency": "assumption",
     "memory_efficiency": "vendor",
     "intra_node.efficiency": "assumption",
     "intra_node.latency_us": "assumption",
+    "intra_node.processor_usage": "assumption",
     "inter_node.efficiency": "assumption",
     "inter_node.latency_us": "assumption",
+    "inter_node.processor_usage": "assumption",
     "inter_node.scale_exponent": "assumption",
     "host.op_us": "assumption",
+    "host.launch_us": "assumption",
+    "device.speed_variation": "assumption",
 }
-"""How each fittable parameter of an uncalibrated shipped machine is sourced."""
+"""How each uncertain parameter of a machine is sourced unless its YAML says (``uncertainty.sources``); a
+parameter the machine does not set (``attention_triton_efficiency``) or sets to 0 has no spread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +78,13 @@ class ParameterSpread:
         return np.sqrt(np.diag(self.log_cov))
 
 
-def prior_spread(sources: dict[str, str] | None = None) -> ParameterSpread:
-    """Diagonal prior from each parameter's source (measured, vendor figure, assumption)."""
+def prior_spread(sources: dict[str, str] | None = None, machine: Machine | None = None) -> ParameterSpread:
+    """Diagonal prior from each parameter's source (measured, vendor figure, assumption); with
+    `machine`, only the parameters it sets to a positive value (a spread is relative)."""
+    from axoplan.machine_params import has_value
+
     chosen = DEFAULT_SOURCES | (sources or {})
-    paths = tuple(chosen)
+    paths = tuple(p for p in chosen if machine is None or has_value(machine, p))
     sig = np.array([PRIOR_REL_SIGMA[chosen[p]] for p in paths])
     return ParameterSpread(paths, np.diag(sig**2))
 
@@ -149,7 +158,7 @@ def machine_spread(machine: Machine) -> tuple[ParameterSpread, float]:
     if u is not None and u.log_cov:
         spread = ParameterSpread(tuple(u.log_cov_paths), np.array(u.log_cov, dtype=np.float64))
     else:
-        spread = prior_spread(dict(u.sources) if u is not None else None)
+        spread = prior_spread(dict(u.sources) if u is not None else None, machine)
     sigma = u.model_error if u is not None and u.model_error is not None else DEFAULT_MODEL_SIGMA
     return spread, sigma
 

@@ -21,9 +21,25 @@ def test_ring_all_reduce_volume():
 
 
 def test_all_gather_and_reduce_scatter_volume():
-    """(p-1)/p of the full buffer: 1 GB over 8 ranks at 10 GB/s = 87.5 ms, + 3 steps of 2 us."""
-    assert all_gather_s(a(1e9), a(8), a(10), a(2))[0] == pytest.approx(0.0875 + 6e-6)
-    assert reduce_scatter_s(a(1e9), a(8), a(10), a(2))[0] == pytest.approx(0.0875 + 6e-6)
+    """(p-1)/p of the full buffer: 1 GB over 8 ranks at 10 GB/s = 87.5 ms, plus the ring's latency as
+    given (14 us: the 7 steps of a ring at 2 us, which the placement sums)."""
+    assert all_gather_s(a(1e9), a(8), a(10), a(14))[0] == pytest.approx(0.0875 + 14e-6)
+    assert reduce_scatter_s(a(1e9), a(8), a(10), a(14))[0] == pytest.approx(0.0875 + 14e-6)
+
+
+def test_a_ring_pays_one_latency_per_step_on_each_side_of_the_node_boundary(frontier_theory):
+    """NCCL's ring model: p − nodes steps on the node's links, nodes − 1 across the network. On Frontier
+    (8 GCDs a node, 3 us inside, 6 us across): a Z group of 128 with stride 1 spans 16 nodes,
+    112·3 + 15·6 = 426 us; stride 8 puts one member per node, 127·6 = 762 us; 8 inside a node, 7·3."""
+    from axoplan.cost.placement import place
+
+    m = frontier_theory
+    intra, inter = m.intra_node.latency_us, m.inter_node.latency_us
+    assert (intra, inter) == (3.0, 6.0)
+    assert place(m, 1, 128).ring_latency_us == pytest.approx(112 * 3.0 + 15 * 6.0)
+    assert place(m, 8, 128).ring_latency_us == pytest.approx(127 * 6.0)
+    assert place(m, 1, 8).ring_latency_us == pytest.approx(7 * 3.0)
+    assert place(m, 1, 1).ring_latency_us == 0.0
 
 
 def test_group_of_one_costs_nothing():

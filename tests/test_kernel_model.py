@@ -113,7 +113,7 @@ def test_recompute_repeats_the_forward_ops_and_adds_the_checkpoint_bookkeeping()
     plain = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, False, False)).columns
     rec = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, True, False)).columns
     added = (rec["t_step_s"][0] - plain["t_step_s"][0])
-    assert added == pytest.approx(2 * (146 + 17) * 1e-3, rel=1e-6)  # frameworks/axonn.yaml: forward, checkpoint
+    assert added == pytest.approx(2 * (128 + 14) * 1e-3, rel=1e-6)  # frameworks/axonn.yaml: forward, checkpoint
 
 
 def test_every_kernel_launch_costs_the_host_launch_us() -> None:

@@ -71,10 +71,11 @@ def test_vectorised_placement_matches_scalar(frontier):
     lay = Layout(2, 4, 8, 16)
     strides = np.array([lay.stride(a) for a in ("x", "y", "z", "data")] * 3)
     sizes = np.array([lay.size(a) for a in ("x", "y", "z", "data")] * 3)
-    bw, lat = place_groups(frontier, strides, sizes)
-    for s, p, b, latency in zip(strides, sizes, bw, lat, strict=True):
+    placed = place_groups(frontier, strides, sizes)
+    for i, (s, p) in enumerate(zip(strides, sizes, strict=True)):
         g = place(frontier, int(s), int(p))
-        assert b == g.bandwidth_gbs and latency == g.latency_us
+        assert placed.bandwidth_gbs[i] == g.bandwidth_gbs and placed.latency_us[i] == g.latency_us
+        assert placed.ring_latency_us[i] == g.ring_latency_us and placed.crosses_nodes[i] == g.crosses_nodes
 
 
 def test_bandwidth_falls_with_the_nodes_a_group_spans_as_the_machine_says() -> None:
@@ -132,8 +133,9 @@ def test_the_fitted_row_prices_an_8_gpu_all_reduce_near_the_measured_time() -> N
     """nccl-tests on the vTrain node: 93.25 µs for 2 MiB and 358.1 µs for 32 MiB over 8 A100s."""
     machine = load_machine("dgx-a100")
     for nbytes, measured_us in ((2**21, 93.25), (2**25, 358.1)):
-        bw, lat = place_groups(machine, np.array([1]), np.array([8]))
-        t_us = all_reduce_s(np.array([float(nbytes)]), np.array([8.0]), bw, lat)[0] * 1e6
+        placed = place_groups(machine, np.array([1]), np.array([8]))
+        seconds = all_reduce_s(np.array([float(nbytes)]), np.array([8.0]), placed.bandwidth_gbs, placed.latency_us)
+        t_us = seconds[0] * 1e6
         assert t_us == pytest.approx(measured_us, rel=0.15)
 
 

@@ -70,7 +70,7 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
     assert res.returncode == 0, res.stderr
     (script,) = out.glob("*/job.sh")
     text = script.read_text()
-    assert "#SBATCH -p extended" in text and "#SBATCH -t 24:00:00" in text
+    assert "#SBATCH -p extended" in text
     assert "sbatch --dependency=afterok:" in text
     assert "export AXOPLAN_SAVE_CHECKPOINT=1" in text  # the executor writes the checkpoint the next job resumes from
     assert "export AXOPLAN_WARMUP=0" in text  # so the executor's steps add up to the 2,000 asked
@@ -79,6 +79,8 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
     assert head is not None
     step_s, per_job, margin_min = float(head[1]), int(head[2]), float(head[3])
     assert per_job == int((24 * 3600 - margin_min * 60) // step_s)
+    wall_min = -(-(per_job * step_s + margin_min * 60) // 60)  # whole minutes up, within the 24 h queue
+    assert wall_min <= 24 * 60 and f"#SBATCH -t {int(wall_min) // 60:02d}:{int(wall_min) % 60:02d}:00" in text
     jobs = -(-2000 // per_job)
     # run it under stand-ins: the first job submits job 2 and launches with per_job of 2000 iterations, no resume
     bin_dir = tmp_path / "bin"

@@ -2,12 +2,16 @@
 
 Bandwidth term: the ring volume per rank (Thakur, Rabenseifner & Gropp 2005),
 ``2(p-1)/p · bytes`` for all-reduce and ``(p-1)/p · bytes`` for all-gather and
-reduce-scatter, over the group's bus bandwidth. Latency term: ``2·⌈log2 p⌉`` steps for
-all-reduce and ``⌈log2 p⌉`` for the others, the depth of the trees and recursive
-doubling that NCCL and RCCL switch to for small messages (a pure ring's ``p-1`` steps
-would charge a 32,768-rank all-reduce 65,534 latencies). ``bytes`` is always the full
-buffer: the all-reduced message, the gathered output, the reduce-scatter input.
-A group of one costs nothing.
+reduce-scatter, over the group's bus bandwidth. Latency term: an all-reduce pays
+``2·⌈log2 p⌉`` steps, the depth of the trees and recursive doubling that NCCL and RCCL switch
+to for small messages (a pure ring's ``p-1`` steps would charge a 32,768-rank all-reduce
+65,534 latencies). All-gather and reduce-scatter have no tree in NCCL (ring, or NVLS and
+CollNet where the hardware has them: ``src/graph/tuning.cc``), so their latency is the ring's,
+linear in the group ("the latency of ring increases linearly with the communicator size",
+NCCL issue 1712): ``(p − nodes)`` steps on the node's links and ``nodes − 1`` across the network,
+NCCL's own latency model; :func:`axoplan.cost.placement.place` sums them into the group's
+``ring_latency_us``. ``bytes`` is always the full buffer: the all-reduced message, the gathered
+output, the reduce-scatter input. A group of one costs nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +34,12 @@ def all_reduce_s(nbytes: Floats, p: Floats, bw_gbs: Floats, latency_us: Floats) 
     return np.where(p > 1, t, 0.0)
 
 
-def all_gather_s(nbytes: Floats, p: Floats, bw_gbs: Floats, latency_us: Floats) -> Floats:
-    """Ring all-gather of a `nbytes` output: ``(p-1)/p · bytes / β + ⌈log2 p⌉ · α`` seconds."""
-    t = (p - 1.0) / p * nbytes / (bw_gbs * 1e9) + _steps(p) * latency_us * 1e-6
+def all_gather_s(nbytes: Floats, p: Floats, bw_gbs: Floats, ring_latency_us: Floats) -> Floats:
+    """Ring all-gather of a `nbytes` output: ``(p-1)/p · bytes / β`` plus the whole ring's latency, seconds."""
+    t = (p - 1.0) / p * nbytes / (bw_gbs * 1e9) + ring_latency_us * 1e-6
     return np.where(p > 1, t, 0.0)
 
 
-def reduce_scatter_s(nbytes: Floats, p: Floats, bw_gbs: Floats, latency_us: Floats) -> Floats:
+def reduce_scatter_s(nbytes: Floats, p: Floats, bw_gbs: Floats, ring_latency_us: Floats) -> Floats:
     """Ring reduce-scatter of a `nbytes` input; same cost as the all-gather."""
-    return all_gather_s(nbytes, p, bw_gbs, latency_us)
+    return all_gather_s(nbytes, p, bw_gbs, ring_latency_us)

@@ -24,7 +24,7 @@ left after overlapping with the compute named in the last column.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -33,11 +33,15 @@ import numpy.typing as npt
 from axoplan.axes import AXES
 from axoplan.candidates import Candidates
 from axoplan.cost import collectives as coll
-from axoplan.cost.compute import attention_s, gemm_s, memory_bound_s
+from axoplan.cost.attention import fused_attention_s, unfused_attention_s
+from axoplan.cost.compute import memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu, padded_vocab, replicated_params, sharded_params
 from axoplan.cost.orientation import Phase, phase_gemm_s
 from axoplan.cost.placement import place_groups
+from axoplan.cost.scale import interference_s, straggler_factor
+from axoplan.cost.terms import CollectiveTerm
+from axoplan.cost.zsharding import ZGroup, ZUnit, z_terms
 from axoplan.framework import FrameworkProfile, load_framework
 from axoplan.machine import Machine
 from axoplan.model import LinearLayer, ModelSpec
@@ -48,31 +52,6 @@ __all__ = ["CollectiveTerm", "Prediction", "predict"]
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 BYTES = 2.0  # bf16 weights and activations
-UNFUSED_FWD_BYTES_PER_SCORE = 9.0  # softmax read + write, dropout read + write + mask [code Megatron-DeepSpeed]
-UNFUSED_BWD_BYTES_PER_SCORE = 11.0  # dropout grad read + mask + write, softmax grad + output read + write
-
-
-@dataclass(frozen=True, slots=True)
-class CollectiveTerm:
-    """One collective of one layer in one phase, for every candidate."""
-
-    layer: str
-    phase: str
-    op: str
-    axis: str
-    group_size: Ints
-    stride: Ints
-    nbytes: Floats
-    calls_per_step: Floats
-    bandwidth_gbs: Floats
-    seconds_per_call: Floats
-    exposed_per_call: Floats
-    total_s: Floats = field(init=False)  # calls_per_step · seconds_per_call
-    exposed_s: Floats = field(init=False)  # calls_per_step · exposed_per_call
-
-    def __post_init__(self) -> None:  # products computed once: every column and report reads them
-        object.__setattr__(self, "total_s", self.calls_per_step * self.seconds_per_call)
-        object.__setattr__(self, "exposed_s", self.calls_per_step * self.exposed_per_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +66,15 @@ class Prediction:
 
 @dataclass(frozen=True, slots=True)
 class _Groups:
-    """Size, stride, bandwidth and latency of each axis's group, per candidate."""
+    """Size, stride, bandwidth, latency (per all-reduce step, and a ring's) and node crossing of each
+    axis's group, per candidate."""
 
     size: dict[str, Floats]
     stride: dict[str, Ints]
     bw: dict[str, Floats]
     lat: dict[str, Floats]
+    ring: dict[str, Floats]
+    crosses: dict[str, npt.NDArray[np.bool_]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +90,8 @@ class _Layer:
     t_dw: Floats
     extra_fwd: Floats  # non-GEMM work attached to this layer
     extra_bwd: Floats
-    ag: Floats
     ar_fwd: Floats
     ar_bwd: Floats
-    rs: Floats
     ar_data: Floats
     bytes_block: Floats
     bytes_out: Floats
@@ -129,15 +109,16 @@ class _Layer:
 
 def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> Prediction:
     """Evaluate the cost model for all candidates at once."""
+    profile = load_framework(options.framework)
     groups = _groups(machine, c)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
     dilation = _core_sharing(machine, c)
-    layers = _layers(model, machine, options, c, groups, tokens, dilation)
+    layers = _layers(model, machine, options, c, groups, tokens, profile, dilation)
     n_micro = options.global_batch / (c.gdata * c.gz * c.micro_batch).astype(np.float64)
-    terms = _collective_terms(layers, groups, options, c, model, n_micro, tokens)
+    terms = _collective_terms(layers, groups, options, c, model, n_micro, tokens, profile)
     compute = _compute_columns(layers, model, machine, c, n_micro, dilation)
-    memory = memory_per_gpu(model, options, c)
-    columns = _step_columns(model, machine, options, c, terms, compute, n_micro, dilation)
+    memory = memory_per_gpu(model, options, c, profile)
+    columns = _step_columns(model, machine, options, c, groups, terms, compute, n_micro, dilation)
     return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)
 
 
@@ -158,27 +139,30 @@ def _groups(machine: Machine, c: Candidates) -> _Groups:
     sizes = c.sizes() | {"world": c.world_size}
     strides = c.strides() | {"world": np.ones_like(c.gx)}
     axes = list(sizes)
-    bw_all, lat_all = place_groups(machine, np.concatenate([strides[a] for a in axes]),
-                                   np.concatenate([sizes[a] for a in axes]))
+    all_strides, all_sizes = (np.concatenate([d[a] for a in axes]) for d in (strides, sizes))
+    placed = place_groups(machine, all_strides, all_sizes)
     n = len(c)
-    bw = {a: bw_all[i * n:(i + 1) * n] for i, a in enumerate(axes)}
-    lat = {a: lat_all[i * n:(i + 1) * n] for i, a in enumerate(axes)}
-    return _Groups({a: s.astype(np.float64) for a, s in sizes.items()}, strides, bw, lat)
+
+    def by_axis(values: np.ndarray) -> dict[str, np.ndarray]:
+        return {a: values[i * n:(i + 1) * n] for i, a in enumerate(axes)}
+
+    return _Groups({a: s.astype(np.float64) for a, s in sizes.items()}, strides, by_axis(placed.bandwidth_gbs),
+                   by_axis(placed.latency_us), by_axis(placed.ring_latency_us), by_axis(placed.crosses_nodes))
 
 
 def _layers(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: _Groups, tokens: Floats,
-    dilation: Floats | None = None,
+    profile: FrameworkProfile, dilation: Floats | None = None,
 ) -> list[_Layer]:
     """Block layers in execution order, then the LM head (its rows: the padded vocabulary).
 
     A block's elementwise work is shared equally by its linears; the attention is attached
     to the layer that reads its output; the logits' softmax work to the head."""
     block = model.block_linears()
-    extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens)
+    extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens, profile)
     extra_bwd = {k: 2.0 * v for k, v in extra_fwd.items()}  # a backward reads and writes about twice the forward
-    if options.attention == "unfused":
-        extra_fwd["attention"], extra_bwd["attention"] = _unfused_attention_s(model, machine, options, c)
+    attention = unfused_attention_s if options.attention == "unfused" else fused_attention_s
+    extra_fwd["attention"], extra_bwd["attention"] = attention(model, machine, options, c)
     vocab = padded_vocab(model, c)
     shapes = _GemmShapes.of(c)
     out = []
@@ -190,7 +174,7 @@ def _layers(
         share = 1.0 if head else 1.0 / len(block)
         fwd = extra_fwd[part] * share + (extra_fwd["attention"] if spec.input == "attention" else 0.0)
         bwd = extra_bwd[part] * share + (extra_bwd["attention"] if spec.input == "attention" else 0.0)
-        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes, dilation))
+        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes, profile, dilation))
     return out
 
 
@@ -220,7 +204,7 @@ class _GemmShapes:
 def _layer(
     spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions,
     g: _Groups, tokens: Floats, extra_fwd: Floats, extra_bwd: Floats, shapes: _GemmShapes,
-    dilation: Floats | None = None,
+    profile: FrameworkProfile, dilation: Floats | None = None,
 ) -> _Layer:
     in_axis, out_axis = spec.in_axis, spec.out_axis
     k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis] + 0.0 * tokens
@@ -238,43 +222,24 @@ def _layer(
     shard = np.ceil(block / g.size["z"])
     bytes_block, bytes_out, bytes_in = block * BYTES, tokens * n_loc * BYTES, tokens * k_loc * BYTES
     bytes_shard = shard * options.grad_reduce_bytes
-    z = (g.size["z"], g.bw["z"], g.lat["z"])
     return _Layer(
         spec=spec, count=count, in_axis=in_axis, out_axis=out_axis,
         t_fwd=t_fwd, t_dx=t_dx, t_dw=t_dw, extra_fwd=extra_fwd, extra_bwd=extra_bwd,
-        ag=coll.all_gather_s(bytes_block, *z),
         ar_fwd=coll.all_reduce_s(bytes_out, g.size[in_axis], g.bw[in_axis], g.lat[in_axis]),
         ar_bwd=coll.all_reduce_s(bytes_in, g.size[out_axis], g.bw[out_axis], g.lat[out_axis]),
-        rs=coll.reduce_scatter_s(bytes_block, *z),
         ar_data=coll.all_reduce_s(bytes_shard, g.size["data"], g.bw["data"], g.lat["data"]),
         bytes_block=bytes_block, bytes_out=bytes_out, bytes_in=bytes_in, bytes_shard=bytes_shard,
     )
 
 
-def _unfused_attention_s(
-    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates
-) -> tuple[Floats, Floats]:
-    """Forward and backward seconds of unfused attention (Megatron's ``ParallelAttention``
-    without flash, as in Megatron-DeepSpeed's ``transformer.py``): batched GEMMs over the
-    ``b = mbs·heads/Gy`` heads, ``Q·Kᵀ`` (``[S×d]·[d×S]``, a baddbmm) and ``P·V`` (``[S×S]·[S×d]``),
-    through the tile model; the backward runs four: ``dP = dO·Vᵀ`` and ``dS·K``, ``dSᵀ·Q``, ``Pᵀ·dO``.
-    Between them, per score element (bf16, 2 bytes; the dropout mask 1 byte): the fused
-    scale-mask-softmax reads and writes it (4 B) and dropout reads, writes and stores its mask
-    (5 B) in the forward; in the backward dropout reads the gradient and mask and writes (5 B)
-    and softmax reads the gradient and its output and writes (6 B)."""
-    heads = c.micro_batch * (model.num_heads / c.gy.astype(np.float64))
-    s, d = float(options.seq_len), float(model.head_dim)
-    rows = heads * s  # the batch of S-row matrices stacked: the same tiles as `heads` separate GEMMs
-    scores_qk = gemm_s(machine, rows, np.full_like(rows, s), np.full_like(rows, d))
-    context = gemm_s(machine, rows, np.full_like(rows, d), np.full_like(rows, s))
-    scores = heads * s * s
-    fwd = scores_qk + context + memory_bound_s(machine, scores * UNFUSED_FWD_BYTES_PER_SCORE)
-    bwd = scores_qk + 3.0 * context + memory_bound_s(machine, scores * UNFUSED_BWD_BYTES_PER_SCORE)
-    return fwd, bwd
+def _rs_bytes(profile: FrameworkProfile, options: RunOptions) -> float:
+    """Bytes per gradient element in the Z reduce-scatter: the run's gradient-reduction dtype where the
+    framework reduces in it (FSDP's reduce_dtype), else bf16 (AxoNN's REDUCE_SCATTER_DTYPE)."""
+    return float(options.grad_reduce_bytes) if profile.z_reduce_scatter_in_grad_dtype else BYTES
 
 
 def _nongemm_fwd_s(
-    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, tokens: Floats
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, tokens: Floats, profile: FrameworkProfile,
 ) -> dict[str, Floats]:
     """Forward time of work that is not a sharded GEMM, per block (and for the logits).
 
@@ -282,19 +247,14 @@ def _nongemm_fwd_s(
     Gx members of an X group (``docs/algorithm.md`` §1). The residual stream between blocks is the
     transposed layers' output ``[m_l, H/Gx]``: norms and residual adds (``10·H`` elements
     per token) are split over X and repeated over Y; the activation function (``2·F`` GeLU,
-    ``3·F`` SwiGLU) works on ``[m_l, F/Gy]``. 2 bytes per element.
-
-    Flash attention costs ``4·mbs·S²·H/Gy`` flops at ``attention_efficiency`` (unfused
-    attention: ``_unfused_attention_s``).
+    ``3·F`` SwiGLU) works on ``[m_l, F/Gy]``. 2 bytes per element. The attention core is
+    ``axoplan.cost.attention``'s.
     """
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
-    attn_flops = 4.0 * c.micro_batch * options.seq_len**2 * model.hidden / gy
-    attention = attention_s(machine, attn_flops)
     act = 3.0 if model.ffn_kind == "swiglu" else 2.0
     ew_bytes = tokens * (10.0 * model.hidden / gx + act * model.ffn / gy) * BYTES
-    logits_bytes = tokens * padded_vocab(model, c) / gy * (2.0 + 4.0 + 4.0)
+    logits_bytes = tokens * padded_vocab(model, c) / gy * profile.loss_traffic_bytes / 3.0  # forward's third
     return {
-        "attention": attention,
         "elementwise": memory_bound_s(machine, ew_bytes),
         "logits": memory_bound_s(machine, logits_bytes),
     }
@@ -302,49 +262,67 @@ def _nongemm_fwd_s(
 
 def _collective_terms(
     layers: list[_Layer], g: _Groups, options: RunOptions, c: Candidates, model: ModelSpec, n_micro: Floats,
-    tokens: Floats,
+    tokens: Floats, profile: FrameworkProfile,
 ) -> list[CollectiveTerm]:
     terms: list[CollectiveTerm] = []
     last_in_block = [lay for lay in layers if lay.spec.role != "head"][-1]
-    overlap_data = load_framework(options.framework).grad_reduce_overlaps_backward
     for i, lay in enumerate(layers):
         prev = layers[i - 1] if i > 0 else last_in_block  # the previous linear in execution order
-        terms += _linear_terms(lay, prev, g=g, options=options, c=c, n_micro=n_micro, overlap_data=overlap_data)
+        terms += _linear_terms(lay, prev, g=g, options=options, c=c, n_micro=n_micro,
+                               overlap_data=profile.grad_reduce_overlaps_backward)
+    z = ZGroup(g.size["z"], g.stride["z"], g.bw["z"], coll.all_gather_s(0.0 * n_micro, g.size["z"], g.bw["z"],
+                                                                         g.ring["z"]))
+    terms += z_terms(_z_units(layers, g, options, profile), z, options, c, n_micro)
     terms += _statistics_terms(model, g, c, tokens, n_micro)
     terms.append(_world_term(model, options, g, n_micro))
     return terms
+
+
+def _z_units(layers: list[_Layer], g: _Groups, options: RunOptions, profile: FrameworkProfile) -> list[ZUnit]:
+    """What each Z all-gather moves (``axoplan.cost.zsharding``): each linear layer, or (FSDP) each
+    block's four together; the LM head on its own, kept gathered where the framework keeps its root."""
+    head = [lay for lay in layers if lay.spec.role == "head"]
+    block = [lay for lay in layers if lay.spec.role != "head"]
+    keep_root = profile.memory.embedding_gathered
+    units = [_unit(lay.spec.name, [lay], g, options, profile) for lay in block]
+    if profile.z_gather_unit == "block":
+        units = [_unit("block", block, g, options, profile)]
+    return units + [_unit(lay.spec.name, [lay], g, options, profile, stays_gathered=keep_root) for lay in head]
+
+
+def _unit(name: str, parts: list[_Layer], g: _Groups, options: RunOptions, profile: FrameworkProfile,
+          stays_gathered: bool = False) -> ZUnit:
+    z = (g.size["z"], g.bw["z"], g.ring["z"])
+    gathered = cast(Floats, sum(lay.bytes_block for lay in parts))
+    grads = gathered / BYTES * _rs_bytes(profile, options)
+    return ZUnit(name=name, count=parts[0].count, recomputed=parts[0].spec.recomputed,
+                 ag_s=coll.all_gather_s(gathered, *z), rs_s=coll.reduce_scatter_s(grads, *z), ag_bytes=gathered,
+                 rs_bytes=grads, compute_fwd_s=cast(Floats, sum(lay.compute_fwd for lay in parts)),
+                 compute_bwd_s=cast(Floats, sum(lay.compute_bwd for lay in parts)), stays_gathered=stays_gathered)
 
 
 def _linear_terms(
     lay: _Layer, prev: _Layer, *, g: _Groups, options: RunOptions, c: Candidates,
     n_micro: Floats, overlap_data: bool = False,
 ) -> list[CollectiveTerm]:
-    """The eight collectives of one linear layer (table in the module docstring), with their
-    exposed parts. Layers that are not ``recomputed`` (the LM head) have no recompute calls.
-    With ``overlap_data`` (a framework whose gradient buckets are reduced during the backward)
-    the data all-reduce of a layer hides behind the backward compute of the layer before it
-    in the forward order (``prev``), which runs next in the last micro-batch's backward."""
+    """The tensor-parallel and data collectives of one linear layer (table in the module docstring;
+    its Z collectives are ``axoplan.cost.zsharding``'s), with their exposed parts. Layers that are
+    not ``recomputed`` (the LM head) have no recompute calls. With ``overlap_data`` (a framework
+    whose gradient buckets are reduced during the backward) the data all-reduce of a layer hides
+    behind the backward compute of the layer before it in the forward order (``prev``), which
+    runs next in the last micro-batch's backward."""
     calls = n_micro * lay.count
     rec = c.recompute.astype(np.float64) * lay.spec.recomputed
-    ag_fwd_exposed = np.maximum(lay.ag - prev.compute_fwd, 0.0) if options.overlap_all_gather else lay.ag
     if options.overlap_forward_all_reduce:
         ar_fwd_exposed = lay.ar_fwd / 2 + np.maximum(lay.ar_fwd / 2 - lay.t_fwd / 2, 0.0)
     else:
         ar_fwd_exposed = lay.ar_fwd
-    ag_again = np.where(c.cache_weights, 0.0, lay.ag)  # recompute and backward re-gather unless cached
-    z_latency = coll.all_gather_s(np.zeros_like(lay.ag), g.size["z"], g.bw["z"], g.lat["z"])  # the α part alone
-    ag_bwd_exposed, rs_exposed = _backward_z_exposed(lay, prev, ag_again, options, z_latency)
     ar_bwd_exposed = np.maximum(lay.ar_bwd - lay.t_dw, 0.0) if options.overlap_all_reduce else lay.ar_bwd
     ar_data_exposed = np.maximum(lay.ar_data - prev.compute_bwd, 0.0) if overlap_data else lay.ar_data
     rows = (
-        ("forward", "all-gather", "z", lay.bytes_block, calls, lay.ag, ag_fwd_exposed),
         ("forward", "all-reduce", lay.in_axis, lay.bytes_out, calls, lay.ar_fwd, ar_fwd_exposed),
-        ("recompute", "all-gather", "z", lay.bytes_block, calls * rec, ag_again,
-         np.minimum(ag_fwd_exposed, ag_again)),
         ("recompute", "all-reduce", lay.in_axis, lay.bytes_out, calls * rec, lay.ar_fwd, ar_fwd_exposed),
-        ("backward", "all-gather", "z", lay.bytes_block, calls, ag_again, ag_bwd_exposed),
         ("backward", "all-reduce", lay.out_axis, lay.bytes_in, calls, lay.ar_bwd, ar_bwd_exposed),
-        ("backward", "reduce-scatter", "z", lay.bytes_block, calls, lay.rs, rs_exposed),
         ("step", "all-reduce", "data", lay.bytes_shard, np.full_like(n_micro, lay.count), lay.ar_data,
          ar_data_exposed),
     )
@@ -383,29 +361,6 @@ def _statistics_terms(
         out.append(CollectiveTerm(layer, phase, "all-reduce", axis, g.size[axis].astype(np.int64), g.stride[axis],
                                   nbytes, calls, g.bw[axis], t, t))
     return out
-
-
-def _backward_z_exposed(
-    lay: _Layer, neighbour: _Layer, ag: Floats, options: RunOptions, z_latency: Floats
-) -> tuple[Floats, Floats]:
-    """Exposed backward all-gather and reduce-scatter: both ride the Z links behind one
-    neighbouring layer's backward compute; what is not overlapped is fully exposed.
-
-    On one Z communicator the two run one after the other, ``ag + rs``. With a second one
-    (``concurrent_z``, AxoNN's Gordon Bell branch) they run at once but still share the Z
-    links, so their bandwidth terms still add; only their latency terms overlap:
-    ``ag + rs − min(latency_ag, latency_rs)``. So concurrency never exposes more than the
-    serial case and never hides more than the shorter of the two."""
-    ov_ag = ag if options.overlap_all_gather else 0.0 * ag
-    ov_rs = lay.rs if options.overlap_reduce_scatter else 0.0 * lay.rs
-    overlapped = ov_ag + ov_rs
-    if options.concurrent_z:
-        both = (ov_ag > 0) & (ov_rs > 0)
-        overlapped = overlapped - np.where(both, z_latency, 0.0)
-    left = np.maximum(overlapped - neighbour.compute_bwd, 0.0)
-    total = ov_ag + ov_rs
-    share = np.divide(left, total, out=np.zeros_like(left), where=total > 0)
-    return ag - ov_ag + ov_ag * share, lay.rs - ov_rs + ov_rs * share
 
 
 def _compute_columns(
@@ -450,7 +405,8 @@ def _host_s(
     more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
     each kernel costs the device ``device.kernel_gap_us`` besides its work."""
     ops, kernels = _per_micro_counts(profile, model, c)
-    calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms if t.phase != "step") / n_micro
+    calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms
+                if t.phase != "step" and not t.is_drain) / n_micro
     host = n_micro * ((ops + calls) * machine.host.op_us + (kernels + calls) * machine.host.launch_us) * 1e-6
     gaps = n_micro * (kernels + calls) * machine.device.kernel_gap_us * 1e-6
     return host, gaps
@@ -466,9 +422,11 @@ def _host_idle_s(machine: Machine, host_s: Floats, device_s: Floats) -> Floats:
 
 
 def _step_columns(
-    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates,
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: _Groups,
     terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, dilation: Floats | None = None,
 ) -> dict[str, Floats]:
+    """The step: compute, exposed collectives, what hidden collectives take from the compute beside
+    them, the wait for the slowest GPU, and the time the device waits for the host."""
     cols = dict(compute)
     totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
     comm_axes = (*AXES, "world")
@@ -482,10 +440,15 @@ def _step_columns(
         host_s = host_s * dilation
     cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s
     cols["t_compute_s"] = compute["t_gemm_s"] + cols["t_nongemm_s"] + compute["t_optimizer_s"]
-    device_s = compute["t_gemm_s"] + cols["t_nongemm_s"] + cast(
-        Floats, sum(t.exposed_s for t in terms if t.phase != "step"))
+    cols["t_interference_s"] = cast(Floats, sum(
+        interference_s(np.maximum(cols[f"t_comm_{a}_s"] - cols[f"t_exposed_{a}_s"], 0.0), g.crosses[a],
+                       machine.intra_node.processor_usage, machine.inter_node.processor_usage) for a in comm_axes))
+    busy = compute["t_gemm_s"] + cols["t_nongemm_s"] + cols["t_interference_s"]
+    cols["t_straggler_s"] = busy * straggler_factor(machine.device.speed_variation, c.world_size)
+    device_s = busy + cols["t_straggler_s"] + cast(Floats, sum(t.exposed_s for t in terms if t.phase != "step"))
     cols["t_host_idle_s"] = _host_idle_s(machine, host_s, device_s)
-    step = cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_host_idle_s"]
+    step = (cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_interference_s"] + cols["t_straggler_s"]
+            + cols["t_host_idle_s"])
     cols["t_step_s"] = step
     world = c.world_size.astype(np.float64)
     hw = hardware_flops(model, options, c.recompute)

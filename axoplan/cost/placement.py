@@ -16,8 +16,14 @@ With ``N`` devices per node (``docs/algorithm.md`` §3; Plexus ``comm_model.py``
   crossing group spanning ``N`` nodes keeps ``(N / N_ref)^(−scale_exponent)`` of its
   bandwidth, the measured table's included (its rows were taken at ``N_ref`` nodes).
 
+A ring all-gather or reduce-scatter over the group pays one latency per step: ``p − nodes``
+steps over the node's links and ``nodes − 1`` over the network (NCCL's latency model,
+``src/graph/tuning.cc``), the group's ``ring_latency_us``.
+
 A row of the machine's measured table that matches (stride, size) overrides the theory's
-bandwidth, and its latency too where the row has one (an α-β fit to a message-size sweep).
+bandwidth, and its latency too where the row has one (an α-β fit to a message-size sweep of
+all-reduce, whose ``2⌈log2 p⌉`` steps the fit assumed; a ring of the same group then costs
+``⌈log2 p⌉`` of them, the same share of the all-reduce's latency as ``p − 1`` of ``2(p − 1)``).
 A row only stands in for groups on the same side of the node boundary as the group it was
 measured on: an NVLink measurement says nothing about a group that crosses the network.
 Placement depends only on (stride, size), so it is computed once per distinct pair and
@@ -34,7 +40,7 @@ import numpy.typing as npt
 
 from axoplan.machine import Machine, MeasuredBandwidth
 
-__all__ = ["GroupPlacement", "place", "place_groups"]
+__all__ = ["GroupPlacement", "Placements", "place", "place_groups", "ring_latency_us"]
 
 _MAX_EXACT_CUT = 12  # members; above this the cut is approximated by single-device cuts
 
@@ -44,9 +50,10 @@ class GroupPlacement:
     """Bandwidth and latency one communicator gets, and why."""
 
     bandwidth_gbs: float
-    latency_us: float
+    latency_us: float  # per step of an all-reduce
     crosses_nodes: bool
     link: str  # human-readable: link class, "network", "measured ...", or "none"
+    ring_latency_us: float = 0.0  # all steps of a ring all-gather or reduce-scatter
 
 
 def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
@@ -69,8 +76,17 @@ def _place(machine: Machine, stride: int, size: int) -> GroupPlacement:
     bandwidth = row.bandwidth_gbs
     if theory.crosses_nodes:
         bandwidth *= machine.inter_node.scale_factor(_nodes_spanned(machine, stride, size))
-    latency = theory.latency_us if row.latency_us is None else row.latency_us
-    return GroupPlacement(bandwidth, latency, theory.crosses_nodes, f"{theory.link} (measured)")
+    if row.latency_us is None:
+        latency, ring = theory.latency_us, theory.ring_latency_us
+    else:
+        latency, ring = row.latency_us, math.ceil(math.log2(size)) * row.latency_us
+    return GroupPlacement(bandwidth, latency, theory.crosses_nodes, f"{theory.link} (measured)", ring)
+
+
+def ring_latency_us(machine: Machine, stride: int, size: int) -> float:
+    """All steps of a ring over the group: ``(size − nodes)`` inside nodes, ``nodes − 1`` across."""
+    nodes = 1 if _inside(machine, stride, size) else _nodes_spanned(machine, stride, size)
+    return (size - nodes) * machine.intra_node.latency_us + (nodes - 1) * machine.inter_node.latency_us
 
 
 def _inside(machine: Machine, stride: int, size: int) -> bool:
@@ -83,10 +99,18 @@ def _nodes_spanned(machine: Machine, stride: int, size: int) -> int:
     return math.ceil(stride * size / machine.devices_per_node) if stride < machine.devices_per_node else size
 
 
-def place_groups(
-    machine: Machine, stride: npt.NDArray[np.int64], size: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Vectorised `place`: (bandwidth GB/s, latency us) arrays aligned with the inputs."""
+@dataclass(frozen=True, slots=True)
+class Placements:
+    """`place` for arrays of groups: one entry per (stride, size) given."""
+
+    bandwidth_gbs: npt.NDArray[np.float64]
+    latency_us: npt.NDArray[np.float64]  # per all-reduce step
+    ring_latency_us: npt.NDArray[np.float64]
+    crosses_nodes: npt.NDArray[np.bool_]
+
+
+def place_groups(machine: Machine, stride: npt.NDArray[np.int64], size: npt.NDArray[np.int64]) -> Placements:
+    """Vectorised `place`, aligned with the inputs."""
     base = int(size.max()) + 1
     key = stride * base + size
     keys = np.unique(key)  # a few hundred distinct groups; searchsorted maps back (faster than return_inverse)
@@ -94,7 +118,9 @@ def place_groups(
     found = [place(machine, int(k // base), int(k % base)) for k in keys]
     bw = np.array([f.bandwidth_gbs for f in found], dtype=np.float64)
     lat = np.array([f.latency_us for f in found], dtype=np.float64)
-    return bw[inverse], lat[inverse]
+    ring = np.array([f.ring_latency_us for f in found], dtype=np.float64)
+    crosses = np.array([f.crosses_nodes for f in found], dtype=bool)
+    return Placements(bw[inverse], lat[inverse], ring[inverse], crosses[inverse])
 
 
 def _inside_node(machine: Machine, stride: int, size: int) -> GroupPlacement:
@@ -106,7 +132,8 @@ def _inside_node(machine: Machine, stride: int, size: int) -> GroupPlacement:
         bw = _ring_bandwidth_gbs(machine, members)
         if bw < worst:
             worst, worst_link = bw, _slowest_link(machine, members)
-    return GroupPlacement(worst * machine.intra_node.efficiency, machine.intra_node.latency_us, False, worst_link)
+    return GroupPlacement(worst * machine.intra_node.efficiency, machine.intra_node.latency_us, False, worst_link,
+                          ring_latency_us(machine, stride, size))
 
 
 def _across_nodes(machine: Machine, stride: int, size: int) -> GroupPlacement:
@@ -122,7 +149,7 @@ def _across_nodes(machine: Machine, stride: int, size: int) -> GroupPlacement:
         members = [i * stride for i in range(local)]
         bw = min(bw, _ring_bandwidth_gbs(machine, members) * machine.intra_node.efficiency)
         link = f"network + {_slowest_link(machine, members)}"
-    return GroupPlacement(bw, inter.latency_us, True, link)
+    return GroupPlacement(bw, inter.latency_us, True, link, ring_latency_us(machine, stride, size))
 
 
 def _ring_bandwidth_gbs(machine: Machine, members: list[int]) -> float:

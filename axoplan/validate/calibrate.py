@@ -27,7 +27,7 @@ from scipy.optimize import least_squares
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.machine import Machine, ParameterUncertainty
-from axoplan.machine_params import parameter_value, with_values
+from axoplan.machine_params import has_value, parameter_value, with_values
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
 from axoplan.validate.records import Measured
 from axoplan.validate.yamledit import format_value
@@ -56,7 +56,8 @@ class Parameter:
 PARAMETERS: tuple[Parameter, ...] = (
     Parameter("gemm.max_efficiency", 0.02, 1.0, "fraction of peak reached by large GEMMs"),
     Parameter("gemm.half_efficiency_dim", 1.0, 16384.0, "GEMM dimension at which efficiency halves"),
-    Parameter("attention_efficiency", 0.005, 1.0, "fraction of peak in attention"),
+    Parameter("attention_efficiency", 0.005, 1.0, "fraction of peak in fused attention (FlashAttention-2)"),
+    Parameter("attention_triton_efficiency", 0.005, 1.0, "fraction of peak in the Triton FlashAttention kernel"),
     Parameter("memory_efficiency", 0.01, 1.0, "fraction of HBM bandwidth in element-wise work"),
     Parameter("intra_node.efficiency", 0.005, 1.0, "fraction of link bandwidth in collectives inside a node"),
     Parameter("intra_node.latency_us", 0.01, 1e5, "collective step latency inside a node, µs"),
@@ -146,6 +147,8 @@ def select_parameters(predictor: Predictor, machine: Machine, params: Sequence[P
     base = np.log(predictor.step_s(machine))
     seen = []
     for p in params:
+        if not has_value(machine, p.path):  # not set on this machine (or 0): nothing to scale
+            continue
         value = parameter_value(machine, p.path)
         for bumped in _probes(p, value):
             moved = np.log(predictor.step_s(with_values(machine, {p.path: bumped}))) - base
@@ -233,7 +236,7 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
 
     current, prior_sigma = machine_spread(machine)
     sources = machine.uncertainty.sources if machine.uncertainty is not None else {}
-    prior_var = _variances(prior_spread(dict(sources)))
+    prior_var = _variances(prior_spread(dict(sources)))  # every path, set or not: fitted ones are set
     paths = [p.path for p in params]
     n = len(paths)
     info = np.linalg.pinv(cov) if np.isfinite(cov).all() else np.zeros((n, n))
@@ -281,7 +284,7 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
     calibrated = with_values(machine, values).model_copy(update={"uncertainty": spread})
     fitted = tuple(FittedParameter(p.path, parameter_value(machine, p.path), values[p.path], s, b)
                    for p, s, b in zip(chosen, sigma, at_bound, strict=True))
-    unused = tuple(p.path for p in _by_path(parameters) if p not in chosen)
+    unused = tuple(p.path for p in _by_path(parameters) if p not in chosen and has_value(machine, p.path))
     all_plans = Predictor([p.plan for p in plans])
     before, after = plan_table(plans, all_plans(machine)), plan_table(plans, all_plans(calibrated))
     held = (summarize(before.iloc[hold], top_k), summarize(after.iloc[hold], top_k)) if len(hold) else (None, None)

@@ -34,7 +34,8 @@ __all__ = ["PlanRuns", "aggregate", "Predictor", "Summary", "Validation", "valid
 PREDICTED_PARTS: dict[str, str] = {
     "gemm": "t_gemm_s", "non-GEMM": "t_nongemm_s", "optimizer": "t_optimizer_s",
     "comm x": "t_exposed_x_s", "comm y": "t_exposed_y_s", "comm z": "t_exposed_z_s",
-    "comm data": "t_exposed_data_s", "comm world": "t_exposed_world_s", "host idle": "t_host_idle_s",
+    "comm data": "t_exposed_data_s", "comm world": "t_exposed_world_s", "interference": "t_interference_s",
+    "slowest GPU": "t_straggler_s", "host idle": "t_host_idle_s",
 }
 """Parts of the predicted step (they sum to ``t_step_s``), by the name plots use."""
 

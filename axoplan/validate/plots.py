@@ -34,7 +34,7 @@ __all__ = ["PARTS", "predicted_vs_measured", "breakdown", "top_layouts", "scalin
 PARTS: tuple[str, ...] = (*PREDICTED_PARTS, "other")
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 _COLORS = dict(zip(PARTS, ("#4c72b0", "#8172b3", "#937860", "#dd8452", "#55a868", "#c44e52", "#da8bc3",
-                           "#8c8c8c", "#ccb974", "#cccccc"), strict=True))
+                           "#8c8c8c", "#64b5cd", "#a1887f", "#ccb974", "#cccccc"), strict=True))
 _NONGEMM = {"attention", "elementwise", "nongemm", "non_gemm", "softmax", "norm", "logits", "loss"}
 _AXES = (*AXES, "world")
 

@@ -1,0 +1,126 @@
+"""Z all-gathers and reduce-scatters: what each moves, what hides them, and what nothing can hide.
+
+A *unit* is what one Z all-gather moves: one linear layer's ``k·n/(Gx·Gy)`` weight block
+(AxoNN gathers each Linear on its own) or a whole transformer block's flat parameter (FSDP
+wraps each block), per the framework's ``z_gather_unit``. Per micro-batch, in forward order:
+
+* **forward** all-gather of every unit, prefetched behind the previous unit's forward compute
+  under OAG (``max(ag − compute_prev, 0)`` exposed), again under full recompute unless the
+  weights are cached;
+* **backward** all-gather (unless cached, or the unit stays gathered from the forward, as FSDP's
+  root unit does) and **reduce-scatter** of its gradient, both behind the neighbouring unit's
+  backward compute (:func:`backward_exposed`).
+
+Two waits no compute can hide, once per micro-batch (the *drains*): the first unit's
+all-gather, issued when the forward starts with nothing before it, and the last reduce-scatter
+of the backward, which the framework waits for before the micro-batch ends. AxoNN's
+``optimize_communication`` exits with ``clear_handles()`` and a device synchronise after every
+micro-batch's backward (``axonn/intra_layer/overlap_communication.py``; Megatron-AxoNN enters it
+per micro-batch, ``../reference``: axonn.md §8.3); FSDP's post-backward callback waits for its
+reduce-scatter stream (``torch/distributed/fsdp/_runtime_utils.py``, ``_post_backward_final_callback``).
+Where the framework keeps its root unit (the embeddings, tied to the LM head) gathered from
+forward to backward, the root's gather opens the forward and its reduce-scatter closes the
+backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.candidates import Candidates
+from axoplan.cost.terms import CollectiveTerm
+from axoplan.options import RunOptions
+
+__all__ = ["ZUnit", "ZGroup", "z_terms", "backward_exposed"]
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class ZUnit:
+    """One unit's Z collectives and the compute beside them, per candidate."""
+
+    name: str
+    count: int  # units of this kind per micro-batch
+    recomputed: bool  # full recompute runs its forward (and re-gathers it) again
+    ag_s: Floats  # one all-gather
+    rs_s: Floats  # one reduce-scatter
+    ag_bytes: Floats
+    rs_bytes: Floats
+    compute_fwd_s: Floats  # one unit's forward compute
+    compute_bwd_s: Floats
+    stays_gathered: bool = False  # kept from the forward to the backward (FSDP's root unit)
+
+
+@dataclass(frozen=True, slots=True)
+class ZGroup:
+    """The Z communicator of every candidate: size, stride, bandwidth and a ring's latency alone."""
+
+    size: Floats
+    stride: Ints
+    bandwidth_gbs: Floats
+    latency_s: Floats  # the all-gather of nothing: the ring's latency
+
+
+def z_terms(units: Sequence[ZUnit], z: ZGroup, options: RunOptions, c: Candidates,
+            n_micro: Floats) -> list[CollectiveTerm]:
+    """Every Z collective of a micro-batch's units (forward order; the first is the first block's),
+    times the micro-batches of a step, with their exposed parts and the two drains."""
+    blocks = [u for u in units if u.recomputed]
+    terms: list[CollectiveTerm] = []
+    exposed: dict[str, tuple[Floats, Floats]] = {}
+    for i, unit in enumerate(units):
+        prev = units[i - 1] if i > 0 else blocks[-1]  # the unit before in forward order (the last block for the first)
+        ag_fwd = np.maximum(unit.ag_s - prev.compute_fwd_s, 0.0) if options.overlap_all_gather else unit.ag_s
+        again = 0.0 * unit.ag_s if unit.stays_gathered else np.where(c.cache_weights, 0.0, unit.ag_s)
+        ag_bwd, rs = backward_exposed(unit.rs_s, again, prev.compute_bwd_s, options, z.latency_s)
+        exposed[unit.name] = (ag_fwd, rs)
+        calls = n_micro * unit.count
+        rec = c.recompute.astype(np.float64) * unit.recomputed
+        terms += [
+            _term(unit.name, "forward", "all-gather", z, unit.ag_bytes, calls, unit.ag_s, ag_fwd),
+            _term(unit.name, "recompute", "all-gather", z, unit.ag_bytes, calls * rec, again,
+                  np.minimum(ag_fwd, again)),
+            _term(unit.name, "backward", "all-gather", z, unit.ag_bytes, calls, again, ag_bwd),
+            _term(unit.name, "backward", "reduce-scatter", z, unit.rs_bytes, calls, unit.rs_s, rs),
+        ]
+    for unit in [blocks[0]] + [u for u in units if u.stays_gathered]:
+        ag_fwd, rs = exposed[unit.name]
+        terms.append(_term(unit.name, "forward", "all-gather (drain)", z, unit.ag_bytes, n_micro, 0.0 * unit.ag_s,
+                           unit.ag_s - ag_fwd))
+        terms.append(_term(unit.name, "backward", "reduce-scatter (drain)", z, unit.rs_bytes, n_micro,
+                           0.0 * unit.rs_s, unit.rs_s - rs))
+    return terms
+
+
+def _term(layer: str, phase: str, op: str, z: ZGroup, nbytes: Floats, calls: Floats, seconds: Floats,
+          exposed: Floats) -> CollectiveTerm:
+    return CollectiveTerm(layer, phase, op, "z", z.size.astype(np.int64), z.stride, nbytes, calls, z.bandwidth_gbs,
+                          seconds, exposed)
+
+
+def backward_exposed(rs: Floats, ag: Floats, neighbour_bwd_s: Floats, options: RunOptions,
+                     z_latency_s: Floats) -> tuple[Floats, Floats]:
+    """Exposed backward all-gather and reduce-scatter: both ride the Z links behind one
+    neighbouring unit's backward compute; what is not overlapped is fully exposed.
+
+    On one Z communicator the two run one after the other, ``ag + rs``. With a second one
+    (``concurrent_z``, AxoNN's Gordon Bell branch) they run at once but still share the Z
+    links, so their bandwidth terms still add; only their latency terms overlap:
+    ``ag + rs − min(latency_ag, latency_rs)``. So concurrency never exposes more than the
+    serial case and never hides more than the shorter of the two."""
+    ov_ag = ag if options.overlap_all_gather else 0.0 * ag
+    ov_rs = rs if options.overlap_reduce_scatter else 0.0 * rs
+    overlapped = ov_ag + ov_rs
+    if options.concurrent_z:
+        both = (ov_ag > 0) & (ov_rs > 0)
+        overlapped = overlapped - np.where(both, z_latency_s, 0.0)
+    left = np.maximum(overlapped - neighbour_bwd_s, 0.0)
+    total = ov_ag + ov_rs
+    share = np.divide(left, total, out=np.zeros_like(left), where=total > 0)
+    return ag - ov_ag + ov_ag * share, rs - ov_rs + ov_rs * share
