@@ -220,18 +220,24 @@ class ParameterUncertainty(Frozen):
     """How sure the machine's fittable numbers are (issue 10; see docs/uncertainty.md).
 
     ``sources`` names how each parameter was obtained (measured, vendor, assumption), which
-    sets its prior spread; a calibration writes ``log_cov`` (covariance of the fitted
-    parameters' logarithms, in the order of ``log_cov_paths``) and ``model_error`` (relative
-    one-sigma error of the model on held-out runs).
+    sets its prior spread; ``ranges`` gives a parameter's sourced range (low, high), which sets
+    it instead (the range is read as the central 80 % of the prior) and is where the validation
+    report's sensitivity band moves it; a calibration writes ``log_cov`` (covariance of the
+    fitted parameters' logarithms, in the order of ``log_cov_paths``) and ``model_error``
+    (relative one-sigma error of the model on held-out runs).
     """
 
     sources: dict[str, Literal["measured", "vendor", "assumption"]] = {}
+    ranges: dict[str, tuple[PositiveFloat, PositiveFloat]] = {}
     log_cov_paths: tuple[str, ...] = ()
     log_cov: tuple[tuple[float, ...], ...] = ()
     model_error: float | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _square(self) -> ParameterUncertainty:
+        for path, (low, high) in self.ranges.items():
+            if not low < high:
+                raise ValueError(f"ranges: {path} is ({low}, {high}); give (low, high) with low < high")
         n = len(self.log_cov_paths)
         if len(self.log_cov) != n or any(len(row) != n for row in self.log_cov):
             raise ValueError(f"log_cov must be a {n} x {n} matrix matching log_cov_paths")

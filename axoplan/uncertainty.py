@@ -78,14 +78,21 @@ class ParameterSpread:
         return np.sqrt(np.diag(self.log_cov))
 
 
-def prior_spread(sources: dict[str, str] | None = None, machine: Machine | None = None) -> ParameterSpread:
-    """Diagonal prior from each parameter's source (measured, vendor figure, assumption); with
-    `machine`, only the parameters it sets to a positive value (a spread is relative)."""
+RANGE_LEVEL = 0.8
+"""A sourced range (``uncertainty.ranges``) is read as the central 80 % of the parameter's prior."""
+
+
+def prior_spread(sources: dict[str, str] | None = None, machine: Machine | None = None,
+                 ranges: dict[str, tuple[float, float]] | None = None) -> ParameterSpread:
+    """Diagonal prior from each parameter's sourced range, else its source (measured, vendor figure,
+    assumption); with `machine`, only the parameters it sets to a positive value (a spread is relative)."""
     from axoplan.machine_params import has_value
 
     chosen = DEFAULT_SOURCES | (sources or {})
     paths = tuple(p for p in chosen if machine is None or has_value(machine, p))
-    sig = np.array([PRIOR_REL_SIGMA[chosen[p]] for p in paths])
+    z = NormalDist().inv_cdf(0.5 + RANGE_LEVEL / 2.0)
+    sig = np.array([np.log(ranges[p][1] / ranges[p][0]) / (2.0 * z) if ranges and p in ranges
+                    else PRIOR_REL_SIGMA[chosen[p]] for p in paths])
     return ParameterSpread(paths, np.diag(sig**2))
 
 
@@ -158,7 +165,8 @@ def machine_spread(machine: Machine) -> tuple[ParameterSpread, float]:
     if u is not None and u.log_cov:
         spread = ParameterSpread(tuple(u.log_cov_paths), np.array(u.log_cov, dtype=np.float64))
     else:
-        spread = prior_spread(dict(u.sources) if u is not None else None, machine)
+        spread = prior_spread(dict(u.sources) if u is not None else None, machine,
+                              dict(u.ranges) if u is not None else None)
     sigma = u.model_error if u is not None and u.model_error is not None else DEFAULT_MODEL_SIGMA
     return spread, sigma
 

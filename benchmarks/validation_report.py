@@ -1,17 +1,19 @@
-"""The validation figures recorded in README.md ("Validation") and docs/validate.md.
+"""Every figure of docs/validate.md ("Across sources"): the untuned machines on every shipped measured
+data set, how much each figure rests on a constant, and what calibration on one source does to another.
 
-    python benchmarks/validation_report.py                 # both data sets (several minutes)
-    python benchmarks/validation_report.py --only vtrain
-    python benchmarks/validation_report.py --only vtrain --skip-model-folds
+    python benchmarks/validation_report.py                 # everything (about ten minutes on 2 cores)
+    python benchmarks/validation_report.py --only llm-foundry-40gb
+    python benchmarks/validation_report.py --skip-calibration
 
-For each shipped measured data set: the error of the shipped machine YAML on all plans (the
-untuned prediction), then a calibration on 70 % of the plans (seed 0) and the error before and
-after on the 30 % held out, exactly as `axoplan calibrate --holdout 0.3 --seed 0` does; then the
-share of plans inside their 80 % interval, on that held-out part and over all plans by 5-fold
-cross-validation (every plan against a fit that never saw it; docs/uncertainty.md). For the
-vTrain data, also cross-validation that holds out whole model sizes: fit on the runs of one
-hidden size and check on the other, and the same for two of the four layer counts, so a fit
-that only memorises the sizes it saw shows it.
+1. **Untuned**, per source (the shipped machine YAML, nothing fitted): MAPE, mean signed error
+   (bias), worst plan, plans called "does not fit" (all of them ran) and "tight", the mean Kendall τ
+   of throughput per GPU within groups of one model at several GPU counts, the share of plans
+   inside their 80 % prediction interval, and the sensitivity band (the error as each constant
+   moves across its sourced range, one at a time; ``axoplan.validate.sensitivity``).
+2. **Calibrated, held out**: fitted on one source and measured on the others (the fitted values
+   carried to the other source's machine: the 80 GB DGX A100 is the 40 GB one's twin); fitted on
+   some model sizes of a source and measured on the others; for the CPU runs, 5-fold
+   cross-validated interval coverage. Never an error on the plans a fit saw.
 """
 
 from __future__ import annotations
@@ -19,76 +21,165 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from axoplan.machine import load_machine
-from axoplan.validate.calibrate import calibrate, split_holdout
-from axoplan.validate.compare import PlanRuns, Predictor, aggregate, plan_table, summarize, validate
+from axoplan.machine import Machine, load_machine
+from axoplan.machine_params import with_values
+from axoplan.report import text_table
+from axoplan.validate.calibrate import calibrate
+from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
 from axoplan.validate.coverage import coverage, cross_validated
 from axoplan.validate.records import Measured, load_runs
-from axoplan.validate.report import format_calibration, format_summary
+from axoplan.validate.sensitivity import sensitivity
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = {
-    "vtrain": (REPO / "data/measured/vtrain_a100_single_node_pp1.csv", "dgx-a100"),
-    "cpu-gloo": (REPO / "data/measured/cpu-gloo/runs.jsonl", "local-cpu"),
+LLM_FOUNDRY = REPO / "data/measured/llm-foundry/runs-a100.csv"
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    machine: str
+    keep: Callable[[Measured], bool] = lambda run: True
+
+
+SOURCES: dict[str, Source] = {
+    "vtrain": Source(REPO / "data/measured/vtrain_a100_single_node_pp1.csv", "dgx-a100"),
+    "llm-foundry-40gb": Source(LLM_FOUNDRY, "dgx-a100", lambda r: r.plan.machine == "dgx-a100"),
+    "llm-foundry-80gb": Source(LLM_FOUNDRY, "dgx-a100-80gb", lambda r: r.plan.machine == "dgx-a100-80gb"),
+    "cpu-gloo": Source(REPO / "data/measured/cpu-gloo/runs.jsonl", "local-cpu"),
 }
-MODEL_FOLDS: dict[str, Callable[[PlanRuns], bool]] = {
-    "hold out hidden 1024 (fit on 2048)": lambda p: p.plan.model.hidden == 1024,
-    "hold out hidden 2048 (fit on 1024)": lambda p: p.plan.model.hidden == 2048,
-    "hold out 12 and 20 layers (fit on 16, 24)": lambda p: p.plan.model.num_layers in (12, 20),
-    "hold out 16 and 24 layers (fit on 12, 20)": lambda p: p.plan.model.num_layers in (16, 24),
+MODEL_FOLDS: dict[str, dict[str, Callable[[PlanRuns], bool]]] = {
+    "vtrain": {
+        "hold out hidden 1024 (fit on 2048)": lambda p: p.plan.model.hidden == 1024,
+        "hold out hidden 2048 (fit on 1024)": lambda p: p.plan.model.hidden == 2048,
+        "hold out 12 and 20 layers (fit on 16, 24)": lambda p: p.plan.model.num_layers in (12, 20),
+        "hold out 16 and 24 layers (fit on 12, 20)": lambda p: p.plan.model.num_layers in (16, 24),
+    },
+    "llm-foundry-40gb": {
+        "hold out MPT 125M-1B (fit on 3B-70B)": lambda p: p.plan.model.hidden <= 2048,
+        "hold out MPT 3B-70B (fit on 125M-1B)": lambda p: p.plan.model.hidden > 2048,
+    },
 }
+CROSS = (("vtrain", "llm-foundry-40gb"), ("vtrain", "llm-foundry-80gb"), ("llm-foundry-40gb", "vtrain"),
+         ("llm-foundry-40gb", "llm-foundry-80gb"))
 
 
-def report(name: str, model_folds: bool) -> None:
-    path, machine_name = DATA[name]
-    runs, machine = load_runs([path]), load_machine(machine_name)
-    print(f"== {name}: {path.relative_to(REPO)} on {machine_name} ==\n")
-    print("shipped machine YAML, all plans (untuned):")
-    print(format_summary(validate(runs, machine).summary), "\n")
-    t0 = time.perf_counter()
-    result = calibrate(runs, machine, holdout=0.3, seed=0)
-    print(f"calibration ({time.perf_counter() - t0:.1f} s):")
-    print(format_calibration(result), "\n")
-    plans = aggregate(runs)
-    _, hold = split_holdout(len(plans), 0.3, 0)
-    after = plan_table(plans, Predictor([p.plan for p in plans])(result.calibrated))
-    print("calibrated machine, held-out plans only:")
-    print(format_summary(summarize(after.iloc[hold])), "\n")
-    held = coverage([plans[i] for i in hold], result.calibrated, 0.8)
-    print(f"80% interval coverage, held-out plans: {held.covered:.1%} of {held.plans}")
-    t0 = time.perf_counter()
-    cv = cross_validated(runs, machine, folds=5, level=0.8, seed=0)
-    print(f"80% interval coverage, 5-fold cross-validation: {cv.covered:.1%} of {cv.plans} plans "
-          f"({time.perf_counter() - t0:.0f} s)\n")
-    if model_folds and name == "vtrain":
-        held_out_by_model(runs, machine_name)
+def runs_of(name: str) -> list[Measured]:
+    src = SOURCES[name]
+    return [r for r in load_runs([src.path]) if src.keep(r)]
 
 
-def held_out_by_model(runs: list[Measured], machine_name: str) -> None:
-    """Fit on some model sizes, report the error on the others (never fitted on)."""
-    machine = load_machine(machine_name)
+def untuned(names: list[str]) -> None:
+    """Section 1: the shipped machines, nothing fitted."""
+    rows, bands = [], []
+    for name in names:
+        src, t0 = SOURCES[name], time.perf_counter()
+        plans, machine = aggregate(runs_of(name)), load_machine(SOURCES[name].machine)
+        s = summarize(plan_table(plans, Predictor([p.plan for p in plans])(machine)))
+        cov = coverage(plans, machine, 0.8)
+        sens = sensitivity(plans, machine)
+        low, high = sens.band
+        rows.append([name, src.machine, str(s.plans), f"{s.mape_pct:.1f}%", f"{low:.1f}-{high:.1f}%",
+                     f"{s.bias_pct:+.1f}%", f"{s.worst_pct:+.1f}%", str(s.does_not_fit), str(s.tight),
+                     _tau(s), f"{cov.covered:.0%}"])
+        bands.append((name, sens, time.perf_counter() - t0))
+    print("== untuned: the shipped machine YAMLs, nothing fitted ==\n")
+    print(text_table(["source", "machine", "plans", "MAPE", "band", "bias", "worst", "does not fit", "tight",
+                      "tau across GPUs", "80% coverage"], rows, [False, False] + [True] * 9))
+    print("\nband: lowest and highest MAPE as each constant moves across its sourced range (one at a time)\n")
+    for name, sens, seconds in bands:
+        moves = sorted(sens.moves, key=lambda m: -abs(m.mape_high_pct - m.mape_low_pct))
+        print(f"{name}: MAPE {sens.mape_pct:.1f}% as shipped ({seconds:.0f} s); the constants that move it most:")
+        print(text_table(["constant", "value", "range", "MAPE at low", "MAPE at high"], [
+            [m.path, f"{m.value:.4g}", f"{m.low:.4g}-{m.high:.4g}" + ("" if m.sourced else " (prior)"),
+             f"{m.mape_low_pct:.1f}%", f"{m.mape_high_pct:.1f}%"] for m in moves[:6]],
+            [False, True, False, True, True]))
+        print()
+
+
+def _tau(s: Summary) -> str:
+    return "n/a" if not s.scaling_groups else f"{s.scaling_tau:.2f} ({s.scaling_groups})"
+
+
+def carried(fitted: Machine, base: Machine, onto: Machine) -> Machine:
+    """`onto` with the parameters `fitted` changed from `base` (a calibration carried to a twin machine)."""
+    from axoplan.machine_params import parameter_value
+    from axoplan.validate.calibrate import PARAMETERS
+
+    changed = {p.path: parameter_value(fitted, p.path) for p in PARAMETERS
+               if _has(base, p.path) and parameter_value(fitted, p.path) != parameter_value(base, p.path)}
+    return with_values(onto, changed) if changed else onto
+
+
+def _has(machine: Machine, path: str) -> bool:
+    from axoplan.machine_params import has_value
+    return has_value(machine, path)
+
+
+def across_sources() -> None:
+    """Section 2a: fit on all of one source, measure the error on another."""
+    print("== calibrated on one source, measured on another (held out by source) ==\n")
+    fits: dict[str, Machine] = {}
+    rows = []
+    for fit_on, test_on in CROSS:
+        if fit_on not in fits:
+            t0 = time.perf_counter()
+            fits[fit_on] = calibrate(runs_of(fit_on), load_machine(SOURCES[fit_on].machine), holdout=0.0).calibrated
+            print(f"fitted on {fit_on} ({time.perf_counter() - t0:.0f} s)")
+        plans = aggregate(runs_of(test_on))
+        target = load_machine(SOURCES[test_on].machine)
+        machine = carried(fits[fit_on], load_machine(SOURCES[fit_on].machine), target)
+        predict = Predictor([p.plan for p in plans])
+        before, after = (summarize(plan_table(plans, predict(m))) for m in (target, machine))
+        verdict = "helps" if after.mape_pct < before.mape_pct else "hurts"
+        rows.append([fit_on, test_on, f"{before.mape_pct:.1f}%", f"{after.mape_pct:.1f}%", f"{before.bias_pct:+.1f}%",
+                     f"{after.bias_pct:+.1f}%", _tau(before), _tau(after), verdict])
+    print()
+    print(text_table(["fitted on", "measured on", "MAPE untuned", "MAPE calibrated", "bias untuned", "bias calibrated",
+                      "tau untuned", "tau calibrated", "calibration"], rows, [False, False] + [True] * 6 + [False]))
+    print()
+
+
+def by_model_size(name: str) -> None:
+    """Section 2b: fit on some model sizes of one source, measure on the others."""
+    runs = runs_of(name)
+    machine = load_machine(SOURCES[name].machine)
     plans = aggregate(runs)
     by_where = {r.where: r for r in runs}
-    for label, held in MODEL_FOLDS.items():
-        train_runs = [by_where[p.where] for p in plans if not held(p)]
+    print(f"== {name}: calibrated on some model sizes, measured on the others ==\n")
+    for label, held in MODEL_FOLDS[name].items():
+        fit = calibrate([by_where[p.where] for p in plans if not held(p)], machine, holdout=0.0)
         held_plans = [p for p in plans if held(p)]
-        fit = calibrate(train_runs, machine, holdout=0.0)
-        table = plan_table(held_plans, Predictor([p.plan for p in held_plans])(fit.calibrated))
-        s = summarize(table)
-        print(f"{label}: {len(train_runs)} fitted, {s.plans} held out: MAPE {s.mape_pct:.1f} %, worst "
-              f"{s.worst_pct:+.1f} %, best predicted first in {s.best_predicted_first} of {s.scenarios} scenarios")
+        predict = Predictor([p.plan for p in held_plans])
+        before, after = (summarize(plan_table(held_plans, predict(m))) for m in (machine, fit.calibrated))
+        print(f"{label}: {after.plans} held out: MAPE {before.mape_pct:.1f}% untuned -> {after.mape_pct:.1f}% "
+              f"calibrated, bias {before.bias_pct:+.1f}% -> {after.bias_pct:+.1f}%; best predicted first in "
+              f"{after.best_predicted_first} of {after.scenarios} scenarios")
     print()
+
+
+def cpu_cross_validation() -> None:
+    """Section 2c: the CPU runs' interval coverage when every plan is held out once."""
+    t0 = time.perf_counter()
+    cv = cross_validated(runs_of("cpu-gloo"), load_machine("local-cpu"), folds=5, level=0.8, seed=0)
+    print(f"== cpu-gloo: 80% interval coverage, 5-fold cross-validation: {cv.covered:.1%} of {cv.plans} plans "
+          f"({time.perf_counter() - t0:.0f} s) ==\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(DATA))
-    parser.add_argument("--skip-model-folds", action="store_true", help="skip the model-size cross-validation")
+    parser.add_argument("--only", choices=sorted(SOURCES), help="one source's untuned figures")
+    parser.add_argument("--skip-calibration", action="store_true", help="untuned figures only")
     args = parser.parse_args()
-    for name in [args.only] if args.only else DATA:
-        report(name, not args.skip_model_folds)
+    untuned([args.only] if args.only else list(SOURCES))
+    if args.skip_calibration or args.only:
+        return
+    across_sources()
+    for name in MODEL_FOLDS:
+        by_model_size(name)
+    cpu_cross_validation()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Calibration: recovering known parameters, the held-out split, and what may be fitted."""
+"""Calibration: recovering known parameters (plain least squares, ``prior=False``: the synthetic runs start
+far from the truth on purpose), the prior's pull, the held-out split, and what may be fitted."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def test_fit_recovers_the_parameters_the_runs_were_made_with() -> None:
     truth = with_values(theory_machine(), TRUE_VALUES)
     runs = synthetic_runs(small_plans(), truth)  # 2..16 GPUs on 4-GPU nodes: both link levels are used
     start = with_values(truth, {k: v * f for (k, v), f in zip(TRUE_VALUES.items(), START_FACTORS, strict=True)})
-    result = calibrate(runs, start, parameters=list(TRUE_VALUES), holdout=0.3, seed=0)
+    result = calibrate(runs, start, parameters=list(TRUE_VALUES), holdout=0.3, seed=0, prior=False)
     assert {f.path for f in result.fitted} == set(TRUE_VALUES)
     for f in result.fitted:
         assert f.after == pytest.approx(TRUE_VALUES[f.path], rel=1e-3), f.path
@@ -38,7 +39,7 @@ def test_a_host_op_cost_that_binds_is_found_from_far_away() -> None:
     truth = with_values(base, {"host.op_us": cost})
     runs = synthetic_runs(plans, truth)
     start = with_values(truth, {"host.op_us": 10.0 if cost < 5 else 0.5})
-    result = calibrate(runs, start, parameters=["host.op_us"], holdout=0.0)
+    result = calibrate(runs, start, parameters=["host.op_us"], holdout=0.0, prior=False)
     assert result.fitted[0].after == pytest.approx(cost, rel=1e-2)
     assert result.train_after.mape_pct < 0.5 < result.train_before.mape_pct
 
@@ -49,7 +50,8 @@ def test_noisy_runs_still_land_near_the_truth() -> None:
     noise = np.exp(np.random.default_rng(1).normal(0.0, 0.03, len(plans)))  # ~3 % multiplicative noise
     start = with_values(truth, {"gemm.max_efficiency": 0.9, "intra_node.latency_us": 5.0})
     result = calibrate(synthetic_runs(plans, truth, list(noise)), start,
-                       parameters=["gemm.max_efficiency", "intra_node.latency_us"], holdout=0.3, seed=0)
+                       parameters=["gemm.max_efficiency", "intra_node.latency_us"], holdout=0.3, seed=0,
+                       prior=False)
     fitted = {f.path: f for f in result.fitted}
     assert fitted["gemm.max_efficiency"].after == pytest.approx(0.6, rel=0.03)
     assert fitted["intra_node.latency_us"].after == pytest.approx(20.0, rel=0.25)
@@ -60,7 +62,7 @@ def test_noisy_runs_still_land_near_the_truth() -> None:
 def test_single_node_runs_leave_the_network_alone() -> None:
     truth = with_values(theory_machine(), TRUE_VALUES)
     runs = synthetic_runs(small_plans(worlds=(2, 4)), truth)  # 4 GPUs per node: nothing crosses nodes
-    result = calibrate(runs, theory_machine(), holdout=0.0)
+    result = calibrate(runs, theory_machine(), holdout=0.0, prior=False)
     # nothing crosses nodes, and the runs use FlashAttention-2, not the Triton kernel
     assert set(result.unused) == {"inter_node.efficiency", "inter_node.latency_us", "inter_node.scale_exponent",
                                   "attention_triton_efficiency"}
@@ -117,5 +119,23 @@ def test_the_loss_of_bandwidth_with_scale_is_fitted_from_multi_node_runs() -> No
     truth = with_values(base, {"inter_node.scale_exponent": 0.3})
     runs = synthetic_runs(plans, truth)
     start = with_values(base, {"inter_node.scale_exponent": 0.05})
-    result = calibrate(runs, start, parameters=["inter_node.scale_exponent"], holdout=0.0)
+    result = calibrate(runs, start, parameters=["inter_node.scale_exponent"], holdout=0.0, prior=False)
     assert result.fitted[0].after == pytest.approx(0.3, rel=1e-2)
+
+
+def test_the_prior_keeps_a_fit_between_the_sourced_value_and_what_the_runs_say() -> None:
+    """Maximum a posteriori: from few noisy runs, a parameter lands between the machine's sourced value
+    and the plain least-squares estimate (the prior's pull), and the prior's residuals are exactly
+    ``(log θ − log θ₀)/σ₀``: a parameter the runs say nothing about does not move."""
+    truth = with_values(theory_machine(), TRUE_VALUES)
+    plans = small_plans(worlds=(2, 4))
+    noise = np.exp(np.random.default_rng(1).normal(0.0, 0.3, len(plans)))
+    runs = synthetic_runs(plans, truth, list(noise))
+    start = theory_machine()
+    plain = calibrate(runs, start, parameters=["gemm.max_efficiency"], holdout=0.0, prior=False)
+    shrunk = calibrate(runs, start, parameters=["gemm.max_efficiency"], holdout=0.0, prior=True)
+    sourced = start.gemm.max_efficiency
+    (p_fit,), (s_fit,) = plain.fitted, shrunk.fitted
+    assert p_fit.after != pytest.approx(sourced, rel=1e-3)
+    assert min(sourced, p_fit.after) <= s_fit.after <= max(sourced, p_fit.after)
+    assert s_fit.after != pytest.approx(p_fit.after, rel=1e-4)  # the prior pulls

@@ -1,6 +1,7 @@
-"""The shipped measured data sets: calibrating on part of them must order the rest better.
+"""The shipped measured data sets: the untuned machines' headline figures, and what calibration does.
 
-Thresholds come from what was measured (docs/validate.md, "Results"), with a margin.
+A headline figure is asserted within about 1.5 points of what was measured (docs/validate.md,
+"Across sources"); a figure that moves is changed here with the reason in the commit.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tests.conftest import REPO
 
 CPU = REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl"
 VTRAIN = REPO / "data" / "measured" / "vtrain_a100_single_node_pp1.csv"
+LLM_FOUNDRY = REPO / "data" / "measured" / "llm-foundry" / "runs-a100.csv"
 
 
 def test_cpu_data_set_is_what_its_readme_says() -> None:
@@ -45,29 +47,54 @@ def test_shipped_calibrated_cpu_machine_beats_the_uncalibrated_one_on_held_out_p
     assert after.kendall_tau >= 0.40
 
 
-def test_the_untuned_a100_meets_issue_11s_accuracy_target_on_all_vtrain_runs() -> None:
-    """Issue 11's untuned target: MAPE <= 15 % on all 720 runs with nothing fitted to them.
-    Measured: 10.6 % (Kendall tau 0.880; the best in the predicted top 3 in 116 of 120)."""
+def test_the_untuned_a100_on_all_vtrain_runs() -> None:
+    """The headline (docs/validate.md, "Across sources"): the shipped dgx-a100, nothing fitted to these
+    runs, on all 720: MAPE 8.9 % (bias -2.9 %), Kendall tau 0.885, the best in the predicted top 3 in
+    116 of 120 scenarios, no run called out of memory. Asserted within 1.5 points."""
     plans = aggregate(load_runs([VTRAIN]))
     s = summarize(plan_table(plans, Predictor([p.plan for p in plans])(load_machine("dgx-a100"))))
-    assert s.plans == 720 and s.mape_pct <= 15.0
-    assert s.kendall_tau >= 0.85 and s.best_in_top_k >= 110
+    assert s.plans == 720 and abs(s.mape_pct - 8.9) <= 1.5 and abs(s.bias_pct + 2.9) <= 1.5
+    assert s.kendall_tau >= 0.87 and s.best_in_top_k >= 114 and s.does_not_fit == 0
 
 
-def test_shipped_calibrated_a100_beats_vtrain_on_held_out_plans() -> None:
+def test_calibrating_on_vtrain_does_not_beat_the_untuned_machine_on_held_out_plans() -> None:
+    """The shipped calibrated YAML is the maximum-a-posteriori fit to 504 of the 720 plans. On the
+    216 it never saw: untuned 8.1 %, calibrated 8.5 % (the sourced machine already sits near the
+    fit's optimum; docs/validate.md), Kendall tau 0.90, the measured best in the predicted top 3
+    in 60 of 61 scenarios. Asserted within 1.5 points."""
     plans = aggregate(load_runs([VTRAIN]))
     _, hold = split_holdout(len(plans), 0.3, 0)
     predict = Predictor([p.plan for p in plans])
     before = summarize(plan_table(plans, predict(load_machine("dgx-a100"))).iloc[hold])
     after = summarize(plan_table(plans, predict(load_machine("dgx-a100-calibrated"))).iloc[hold])
-    # measured on the 216 held-out plans: MAPE 10.0 % untuned (the replayed host cost, the
-    # sourced DGX host CPU and HBM figures and the node's measured all-reduce, issue 11; 33.0 %
-    # with counted ops) -> 8.2 % calibrated (vTrain's simulator: 8.37 %), Kendall tau 0.89 -> 0.90;
-    # the measured best is in the predicted top 3 in 60 of 61 scenarios
-    assert before.mape_pct < 15.0
-    assert after.mape_pct < 9.0 and after.mape_pct < 0.85 * before.mape_pct
-    assert after.kendall_tau >= 0.85
-    assert after.scenario_tau >= 0.7 and after.best_in_top_k >= 0.95 * after.scenarios
+    assert abs(before.mape_pct - 8.1) <= 1.5 and abs(after.mape_pct - 8.5) <= 1.5
+    assert after.kendall_tau >= 0.88 and after.best_in_top_k >= 60 and after.scenarios == 61
+
+
+def test_the_untuned_a100s_on_llm_foundrys_fsdp_runs() -> None:
+    """Issue 22's targets on the 139 published FSDP steps nobody fitted to (docs/validate.md, "Across
+    sources"): MAPE 10.6 % on the 40 GB runs and 8.6 % on the 80 GB ones, 9.7 % over all (target
+    <= 10 %), bias -7.2 % over all (target |bias| <= 5 %: not met), no run called out of memory,
+    throughput per GPU ordered across GPU counts with Kendall tau 0.62 (target >= 0.5), 77 % of
+    runs inside their 80 % interval (target 70-90 %)."""
+    import numpy as np
+
+    from axoplan.validate.coverage import coverage
+
+    runs = load_runs([LLM_FOUNDRY])
+    errors, inside = [], []
+    for machine, mape in (("dgx-a100", 10.6), ("dgx-a100-80gb", 8.6)):
+        plans = aggregate([r for r in runs if r.plan.machine == machine])
+        table = plan_table(plans, Predictor([p.plan for p in plans])(load_machine(machine)))
+        s = summarize(table)
+        assert abs(s.mape_pct - mape) <= 1.5 and s.does_not_fit == 0
+        if machine == "dgx-a100":
+            assert s.scaling_groups == 9 and s.scaling_tau >= 0.5
+        errors += list(table["error_pct"])
+        inside += list(coverage(plans, load_machine(machine), 0.8).inside)
+    assert len(errors) == 139
+    assert abs(np.abs(errors).mean() - 9.7) <= 1.5 and abs(np.mean(errors) + 7.2) <= 1.5
+    assert 0.70 <= np.mean(inside) <= 0.90
 
 
 def test_cpu_intervals_cover_70_to_90_percent_of_plans_no_fit_saw() -> None:

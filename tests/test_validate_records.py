@@ -179,3 +179,47 @@ def test_recorded_machine_wants_one_machine() -> None:
     assert recorded_machine([Measured(a, 1.0, "x:1")]) == "perlmutter"
     with pytest.raises(AxoplanError, match=r"several machines \(frontier, perlmutter\)"):
         recorded_machine([Measured(a, 1.0, "x:1"), Measured(b, 1.0, "x:2")])
+
+
+def test_comment_lines_and_a_byte_order_mark_before_the_header_are_read(tmp_path: Path) -> None:
+    """A spreadsheet's byte-order mark and '#' lines before the header (a file's provenance) are skipped."""
+    path = tmp_path / "runs.csv"
+    path.write_text("\ufeff# measured on our cluster\n# by us\n" + HEADER + "\n" + ROW + "\n", encoding="utf-8")
+    [run] = load_runs([path])
+    assert run.plan.layout.to_layout() == Layout(1, 2, 1, 2) and run.where.endswith(":4")
+
+
+def test_attention_kernel_and_tensor_parallel_order_columns(tmp_path: Path) -> None:
+    path = _csv(tmp_path, ROW + ",flash-triton,zxy,pytorch-fsdp", header=HEADER + ",attention,tp_order,framework")
+    [run] = load_runs([path])
+    assert run.plan.options.attention == "flash-triton" and run.plan.options.framework == "pytorch-fsdp"
+    assert run.plan.layout.tp_order == "zxy"
+    with pytest.raises(AxoplanError, match=r"runs.csv:2: .*'xxy'"):
+        load_runs([_csv(tmp_path, ROW + ",xxy", header=HEADER + ",tp_order")])
+
+
+def test_a_row_whose_shape_contradicts_its_parameter_count_is_refused(tmp_path: Path) -> None:
+    """num_params is the source's count: the row's model must give exactly it (the llm-foundry rows do)."""
+    from axoplan.model import ModelSpec
+
+    good = ModelSpec(num_layers=4, hidden=1024, num_heads=16).num_params()
+    assert load_runs([_csv(tmp_path, ROW + f",{good}", header=HEADER + ",num_params")])
+    with pytest.raises(AxoplanError, match=r"runs.csv:2: column 'num_params': the row's shape gives"):
+        load_runs([_csv(tmp_path, ROW + f",{good + 1}", header=HEADER + ",num_params")])
+
+
+def test_the_llm_foundry_csv_is_what_its_tables_give() -> None:
+    """data/measured/llm-foundry/runs-a100.csv is made from the published tables, not edited by hand:
+    the converter reproduces it, and every row's shape gives the table's NumParams (the reader checks)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "llm_foundry_runs.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = load_runs([REPO / "data" / "measured" / "llm-foundry" / "runs-a100.csv"])
+    assert len(runs) == 139 and {r.plan.machine for r in runs} == {"dgx-a100", "dgx-a100-80gb"}
+    assert {r.plan.options.framework for r in runs} == {"pytorch-fsdp"}
+    seventy = [r for r in runs if r.plan.model.name == "mpt-70b" and r.plan.world_size == 64
+               and r.plan.machine == "dgx-a100-80gb"]
+    assert len(seventy) == 1 and seventy[0].t_step_s == pytest.approx(4194304 / 26274, rel=1e-5)

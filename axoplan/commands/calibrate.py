@@ -46,15 +46,19 @@ def calibrate(
         "--params", help="Comma-separated parameters to fit (default: every one the runs constrain), e.g. "
                          "gemm.max_efficiency,intra_node.latency_us.", show_default=False)] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Top-k used in the reported metrics.")] = 3,
+    prior: Annotated[bool, typer.Option(
+        "--prior/--no-prior", help="Keep each parameter near its sourced value unless the runs outweigh its "
+                                   "prior spread (maximum a posteriori); --no-prior: plain least squares.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
 ) -> None:
     """Fit a machine's efficiencies and latencies to measured runs; write a calibrated YAML.
 
-    Least squares over GEMM, attention and memory efficiency and collective bandwidth
-    efficiency and latency (those the runs constrain). The plans are split by --seed
-    into a fitted part and a held-out part (--holdout); the error before and after the
-    fit is printed for both. The YAML keeps the original's comments, marks the fitted
-    lines and records the fit in a header.
+    Least squares over GEMM, attention and memory efficiency, collective bandwidth
+    efficiency and latency and the host's cost per op (those the runs constrain), with each
+    parameter's prior (its sourced range or how it is sourced) as extra residuals unless
+    --no-prior. The plans are split by --seed into a fitted part and a held-out part
+    (--holdout); the error before and after the fit is printed for both. The YAML keeps the
+    original's comments, marks the fitted lines and records the fit in a header.
     """
     import sys
     import time
@@ -77,10 +81,11 @@ def calibrate(
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     interactive = sys.stderr.isatty()  # progress for a person at a terminal; logs keep one-line errors
     if interactive:
-        typer.echo(f"fitting {mach.name} to {len(measured)} runs by least squares (a few seconds per hundred "
-                   "plans)...", err=True)
+        how = "maximum a posteriori" if prior else "least squares"
+        typer.echo(f"fitting {mach.name} to {len(measured)} runs by {how} (a few seconds per hundred plans)...",
+                   err=True)
     started = time.perf_counter()
-    result = fit(measured, mach, names, holdout, seed, top_k, holdout_by=_holdout_by(holdout_by))
+    result = fit(measured, mach, names, holdout, seed, top_k, holdout_by=_holdout_by(holdout_by), prior=prior)
     if interactive:
         typer.echo(f"fitted in {time.perf_counter() - started:.1f} s", err=True)
     source = _yaml_path(machine)

@@ -182,25 +182,37 @@ def _scan_floors(predictor: Predictor, measured: np.ndarray, machine: Machine, p
 
 
 def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine, params: Sequence[Parameter],
-         scan_points: int = 49, max_nfev: int | None = None,
-         tol: float = 1e-8) -> tuple[dict[str, float], np.ndarray, float, list[bool]]:
+         scan_points: int = 49, max_nfev: int | None = None, tol: float = 1e-8,
+         prior: ParameterSpread | None = None) -> tuple[dict[str, float], np.ndarray, float, list[bool]]:
+    """Least squares over the parameters' logarithms; with `prior`, maximum a posteriori: the data
+    residuals over the model error and ``(log θ − log θ₀)/σ₀`` per parameter, θ₀ the machine's
+    sourced value and σ₀ its prior spread (``axoplan.uncertainty.prior_spread``)."""
+    from axoplan.uncertainty import DEFAULT_MODEL_SIGMA
+
     low = np.log([p.low for p in params])
     high = np.log([p.high for p in params])
-    start = np.log([parameter_value(machine, p.path) for p in params])
-    start = _scan_floors(predictor, measured, machine, params, start, scan_points)
+    origin = np.log([parameter_value(machine, p.path) for p in params])
+    start = _scan_floors(predictor, measured, machine, params, origin, scan_points)
     start = np.clip(start, low + 1e-9, high - 1e-9)
     names = [p.path for p in params]
+    m = len(measured)
+    prior_sigma = (np.array([prior.rel_sigma[prior.paths.index(n)] for n in names]) if prior is not None
+                   else None)
 
     def values(z: np.ndarray) -> dict[str, float]:
         clipped = np.clip(np.exp(z), [p.low for p in params], [p.high for p in params])
         return {n: float(v) for n, v in zip(names, clipped, strict=True)}
 
     def residuals(z: np.ndarray) -> np.ndarray:
-        return np.log(predictor.step_s(with_values(machine, values(z))) / measured)
+        data = np.log(predictor.step_s(with_values(machine, values(z))) / measured)
+        if prior_sigma is None:
+            return data
+        return np.concatenate([data / DEFAULT_MODEL_SIGMA, (z - origin) / prior_sigma])
 
     result = least_squares(residuals, start, bounds=(low, high), method="trf", diff_step=1e-3,
                            max_nfev=max_nfev or 60 * len(params), ftol=tol, xtol=tol)
-    cov, s = _log_covariance(result.jac, result.fun)
+    scale = 1.0 if prior_sigma is None else DEFAULT_MODEL_SIGMA  # the data rows, back in log units
+    cov, s = _log_covariance(result.jac[:m] * scale, result.fun[:m] * scale)
     at_bound = [bool(abs(z - lo) < 1e-6 or abs(z - hi) < 1e-6) for z, lo, hi in zip(result.x, low, high, strict=True)]
     return values(result.x), cov, s, at_bound
 
@@ -236,7 +248,8 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
 
     current, prior_sigma = machine_spread(machine)
     sources = machine.uncertainty.sources if machine.uncertainty is not None else {}
-    prior_var = _variances(prior_spread(dict(sources)))  # every path, set or not: fitted ones are set
+    ranges = machine.uncertainty.ranges if machine.uncertainty is not None else {}
+    prior_var = _variances(prior_spread(dict(sources), ranges=dict(ranges)))  # every path: fitted ones are set
     paths = [p.path for p in params]
     n = len(paths)
     info = np.linalg.pinv(cov) if np.isfinite(cov).all() else np.zeros((n, n))
@@ -246,9 +259,17 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
     full = np.zeros((n + len(extra),) * 2)
     full[:n, :n] = (post + post.T) / 2.0
     full[n:, n:] = np.diag([current_var[p] for p in extra])
-    return ParameterUncertainty(sources=sources, log_cov_paths=(*paths, *extra),
+    return ParameterUncertainty(sources=sources, ranges=ranges, log_cov_paths=(*paths, *extra),
                                 log_cov=tuple(tuple(float(format_value(v)) for v in row) for row in full),
                                 model_error=float(format_value(s)) if np.isfinite(s) else prior_sigma)
+
+
+def _source_prior(machine: Machine) -> ParameterSpread:
+    """The prior by source and sourced range of every parameter (never an earlier fit's covariance)."""
+    from axoplan.uncertainty import prior_spread
+
+    u = machine.uncertainty
+    return prior_spread(dict(u.sources) if u else None, ranges=dict(u.ranges) if u else None)
 
 
 def _variances(spread: ParameterSpread) -> dict[str, float]:
@@ -257,9 +278,12 @@ def _variances(spread: ParameterSpread) -> dict[str, float]:
 
 
 def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[str] | None = None,
-              holdout: float = 0.3, seed: int = 0, top_k: int = 3, holdout_by: HoldoutBy = "plan") -> Calibration:
+              holdout: float = 0.3, seed: int = 0, top_k: int = 3, holdout_by: HoldoutBy = "plan",
+              prior: bool = True) -> Calibration:
     """Fit `machine` to the training part of `runs`; report before/after on both parts. The
-    held-out part is random plans (``holdout_by="plan"``) or whole models (``"model"``)."""
+    held-out part is random plans (``holdout_by="plan"``) or whole models (``"model"``). With
+    `prior` (the default) the fit is maximum a posteriori: each parameter stays near its sourced
+    value unless the runs outweigh its prior spread (``_fit``); without, plain least squares."""
     plans = aggregate(runs)
     if holdout_by == "model":
         train, hold = split_by_model(plans, holdout, seed)
@@ -277,7 +301,8 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
         raise AxoplanError(f"{len(fit_plans)} training plan(s) cannot determine {len(chosen)} parameters ({names}); "
                            f"give at least {len(chosen) + 1} distinct plans to fit on (more runs, or a smaller "
                            f"--holdout), or fit fewer with --params")
-    fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen)
+    spread = _source_prior(machine) if prior else None
+    fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen, prior=spread)
     values = {k: float(format_value(v)) for k, v in fitted_values.items()}  # as the YAML will hold them
     spread = _uncertainty(machine, chosen, cov, s)
     sigma = _relative_sigma(np.array(spread.log_cov)[: len(chosen), : len(chosen)])  # the stored, prior-bounded one

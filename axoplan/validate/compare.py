@@ -9,6 +9,13 @@ model, batch and GPU count?": same machine, model, global batch, sequence length
 world size, any layout, micro-batch, recompute and caching. Kendall's τ over all plans
 mixes scenarios (a bigger model is slower on any layout), so the within-scenario τ and
 "is the measured best in the predicted top-k" are reported per scenario as well.
+
+A *scaling group* is a set of plans that answer "how does throughput change with the GPU
+count?": same machine, model, sequence length and framework, two or more GPU counts. Within
+each, Kendall's τ of predicted against measured tokens per second per GPU says whether the
+model orders the GPU counts as the runs did. Every plan's memory verdict (fits, tight, does
+not fit: ``axoplan.cost.memory``) is counted too: a run that ran and is called "does not fit"
+is a wrong answer.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from axoplan.validate import metrics
 from axoplan.validate.records import Measured
 
 __all__ = ["PlanRuns", "aggregate", "Predictor", "Summary", "Validation", "validate", "summarize",
-           "PREDICTED_PARTS", "plan_table", "scenario_key", "plan_candidates"]
+           "PREDICTED_PARTS", "plan_table", "scenario_key", "scaling_key", "plan_candidates"]
 
 PREDICTED_PARTS: dict[str, str] = {
     "gemm": "t_gemm_s", "non-GEMM": "t_nongemm_s", "optimizer": "t_optimizer_s",
@@ -147,6 +154,10 @@ class Summary:
     top_k: int
     best_in_top_k: int  # scenarios whose measured best is in the predicted top-k
     best_predicted_first: int  # scenarios whose measured best is predicted fastest
+    does_not_fit: int = 0  # plans (which all ran) called "does not fit"
+    tight: int = 0  # plans whose memory interval holds the HBM limit
+    scaling_groups: int = 0  # groups of plans at two or more GPU counts
+    scaling_tau: float = math.nan  # mean within-group Kendall τ of throughput per GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +179,7 @@ def validate(runs: Sequence[Measured], machine: Machine, top_k: int = 3) -> Vali
 
 def plan_table(pooled: Sequence[PlanRuns], cols: dict[str, np.ndarray]) -> pd.DataFrame:
     scenario_ids: dict[str, int] = {}
+    scaling_ids: dict[str, int] = {}
     rows = []
     for i, pr in enumerate(pooled):
         plan, lay = pr.plan, pr.plan.layout
@@ -181,6 +193,9 @@ def plan_table(pooled: Sequence[PlanRuns], cols: dict[str, np.ndarray]) -> pd.Da
             "cache_weights": plan.cache_weights, "repetitions": pr.repetitions,
             "measured_s": pr.measured_s, "measured_std_s": pr.spread_s, "predicted_s": float(cols["t_step_s"][i]),
             "feasible": bool(cols["feasible"][i]), "reason": str(cols["reason"][i]),
+            "memory": "does not fit" if cols["reason"][i] == "memory" else
+                      ("tight" if cols["mem_tight"][i] else "fits"),
+            "scaling_group": scaling_ids.setdefault(scaling_key(plan), len(scaling_ids)),
         }
         row.update({f"pred_{col}": float(cols[col][i]) for col in PREDICTED_PARTS.values()})
         row.update({f"phase_{k}_s": v for k, v in pr.phase_s.items()})
@@ -189,6 +204,23 @@ def plan_table(pooled: Sequence[PlanRuns], cols: dict[str, np.ndarray]) -> pd.Da
     table.insert(table.columns.get_loc("predicted_s") + 1, "error_pct",
                  metrics.percent_errors(table["predicted_s"], table["measured_s"]))
     return table
+
+
+def scaling_key(plan: LaunchConfig) -> str:
+    """Plans with equal keys differ in GPU count (and batch and layout) only: a scaling group."""
+    return json.dumps([plan.machine, plan.model.model_dump(mode="json"), plan.options.seq_len,
+                       plan.options.framework, plan.options.attention], sort_keys=True)
+
+
+def _scaling_tau(table: pd.DataFrame) -> tuple[int, float]:
+    """Groups with two or more GPU counts, and their mean Kendall τ of tokens per second per GPU."""
+    tokens = (table["global_batch"] * table["seq_len"] / table["world_size"]).to_numpy(dtype=np.float64)
+    pred, meas = tokens / table["predicted_s"].to_numpy(), tokens / table["measured_s"].to_numpy()
+    worlds = table["world_size"].to_numpy()
+    taus = [metrics.kendall_tau(pred[idx], meas[idx]) for idx in metrics.grouped(table["scaling_group"].to_numpy())
+            if np.unique(worlds[idx]).size >= 2]
+    finite = [t for t in taus if not math.isnan(t)]
+    return len(taus), float(np.mean(finite)) if finite else math.nan
 
 
 def summarize(table: pd.DataFrame, top_k: int = 3) -> Summary:
@@ -205,6 +237,8 @@ def summarize(table: pd.DataFrame, top_k: int = 3) -> Summary:
         taus.append(metrics.kendall_tau(pred[idx], meas[idx]))
         ranks.append(metrics.predicted_rank_of_best(pred[idx], meas[idx]))
     finite = [t for t in taus if not math.isnan(t)]
+    groups, scaling = _scaling_tau(table)
+    memory = table["memory"].to_numpy()
     return Summary(
         plans=len(table), runs=int(table["repetitions"].sum()), mape_pct=metrics.mape(pred, meas),
         median_ape_pct=float(np.median(np.abs(err))), worst_pct=worst, worst_where=str(table["where"].iloc[worst_i]),
@@ -212,4 +246,6 @@ def summarize(table: pd.DataFrame, top_k: int = 3) -> Summary:
         spearman_rho=metrics.spearman_rho(pred, meas), scenarios=len(ranks),
         scenario_tau=float(np.mean(finite)) if finite else math.nan, top_k=top_k,
         best_in_top_k=sum(r <= top_k for r in ranks), best_predicted_first=sum(r == 1 for r in ranks),
+        does_not_fit=int((memory == "does not fit").sum()), tight=int((memory == "tight").sum()),
+        scaling_groups=groups, scaling_tau=scaling,
     )

@@ -49,6 +49,10 @@ def format_summary(s: Summary) -> str:
         lines.append(f"within {s.scenarios} scenarios (same model, batch and GPU count; >= 2 plans): mean Kendall "
                      f"tau {_num(s.scenario_tau)}; the measured best is predicted first in {s.best_predicted_first}"
                      f" and in the predicted top {s.top_k} in {s.best_in_top_k}")
+    if s.scaling_groups:
+        lines.append(f"across GPU counts ({s.scaling_groups} groups of one model and sequence length): mean Kendall "
+                     f"tau of throughput per GPU {_num(s.scaling_tau)}")
+    lines.append(f"memory: {s.does_not_fit} of {s.plans} plans called 'does not fit' (all ran), {s.tight} tight")
     return "\n".join(lines)
 
 
