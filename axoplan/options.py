@@ -49,7 +49,8 @@ class RunOptions(Frozen):
         "FlashAttention kernel, fused) or unfused (scores materialised in HBM).")
     precision: Literal["bf16"] = Field("bf16", description="Weights and activations in bf16 (2 bytes).")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
-        "fp32", description="Data-parallel gradient all-reduce dtype (the AxoNN authors' model uses fp32)."
+        "fp32", description="Gradient-reduction dtype: the data-parallel all-reduce (the AxoNN authors' model "
+        "uses fp32), and the Z reduce-scatter where the framework reduces in it (FSDP's reduce_dtype)."
     )
     tuned_gemm: bool = Field(
         False, description="AxoNN's GEMM tuner: forward and dX GEMMs take their fastest operand layout.")

@@ -97,3 +97,13 @@ def test_megatrons_distributed_optimizer_keeps_six_bytes_and_shards_twelve() -> 
     mem = _memory("megatron-lm", Layout(1, 2, 1, 4))
     shard = mem.weights[0] / 2.0
     assert mem.gradients[0] == 4 * shard and mem.optimizer[0] == 12 * shard / 4
+
+
+def test_axoplans_executor_keeps_sixteen_bytes_and_no_dropout() -> None:
+    """axoplan/executor/optim.py: 16-bit weights and gradients with fp32 master and moments (or fp32
+    throughout on a CPU): 16 bytes per parameter; its blocks have no dropout; fp32 logits and softmax."""
+    mem = _memory("axoplan-executor", Layout(1, 2, 1, 4))
+    shard = mem.weights[0] / 2.0
+    assert mem.gradients[0] == 2 * shard and mem.optimizer[0] == 12 * shard
+    assert mem.activations[0] == _memory("pytorch-fsdp", Layout(1, 2, 1, 4)).activations[0]
+    assert mem.logits[0] == 64 * 128 / 2 * 8

@@ -93,7 +93,8 @@ RUN_FLAGS: tuple[Flag, ...] = (
          "materialised in HBM)."),
     Flag("precision", ("--precision",), Precision, Precision.bf16, "Weights and activations in bf16."),
     Flag("grad_reduce_dtype", ("--grad-reduce-dtype",), GradReduceDtype, GradReduceDtype.fp32,
-         "Data-parallel gradient all-reduce dtype."),
+         "Gradient-reduction dtype: the data-parallel all-reduce, and the Z reduce-scatter where the framework "
+         "reduces in it (FSDP's reduce_dtype)."),
     Flag("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, False,
          "AxoNN's GEMM tuner: forward and dX GEMMs in their fastest operand layout."),
     Flag("framework", ("--framework",), str, "axonn",
