@@ -6,12 +6,12 @@ a plain layer, ``Y`` of a transposed one):
 =========  =====================  =========  ================================  ==============
 phase      collective             group      bytes per call                    hidden behind
 =========  =====================  =========  ================================  ==============
-forward    all-gather weight      Z          ``k·n/(Gx·Gy)·2``                 previous layer (OAG)
+forward    all-gather weight      Z          ``k·n/(Gx·Gy)·2``                 previous unit (OAG)
 forward    all-reduce output      in-group   ``m_l·n/g_out·2``                 half, 2-chunk option
 recompute  the two above again    (unless weights are cached: no all-gather)
-backward   all-gather weight      Z          as forward, unless cached         next layer (OAG)
+backward   all-gather weight      Z          as forward, unless cached         next unit (OAG)
 backward   all-reduce input grad  out-group  ``m_l·k/g_in·2``                  dW GEMM (OAR)
-backward   reduce-scatter grad    Z          ``k·n/(Gx·Gy)·2``                 next layer (ORS)
+backward   reduce-scatter grad    Z          ``k·n/(Gx·Gy)`` in its dtype      next unit (ORS)
 step       all-reduce grad shard  data       ``k·n/(Gx·Gy·Gz)·4`` (fp32)       nothing
 step       all-reduce norms       world      replicated params · 4             nothing
 =========  =====================  =========  ================================  ==============
@@ -19,7 +19,12 @@ step       all-reduce norms       world      replicated params · 4             
 ``m_l = micro_batch · S`` tokens per GPU. The step repeats the micro-batch
 ``B / (Gdata·Gz·micro_batch)`` times (gradient accumulation), then reduces over data
 and the world and runs the optimizer. The exposed part of each collective is what is
-left after overlapping with the compute named in the last column.
+left after overlapping with the compute named in the last column. The Z rows are
+``axoplan.cost.zsharding``'s (a unit is a linear layer, or a whole block where the framework
+gathers blocks, and two waits per micro-batch nothing hides); the attention core is
+``axoplan.cost.attention``'s; the slowest of N GPUs and the compute hidden collectives take
+are ``axoplan.cost.scale``'s; the framework profile (``frameworks/<name>.yaml``) sets the
+host work, memory rules and Z units.
 """
 
 from __future__ import annotations
@@ -118,7 +123,7 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     terms = _collective_terms(layers, groups, options, c, model, n_micro, tokens, profile)
     compute = _compute_columns(layers, model, machine, c, n_micro, dilation)
     memory = memory_per_gpu(model, options, c, profile)
-    columns = _step_columns(model, machine, options, c, groups, terms, compute, n_micro, dilation)
+    columns = _step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation)
     return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)
 
 
@@ -174,7 +179,7 @@ def _layers(
         share = 1.0 if head else 1.0 / len(block)
         fwd = extra_fwd[part] * share + (extra_fwd["attention"] if spec.input == "attention" else 0.0)
         bwd = extra_bwd[part] * share + (extra_bwd["attention"] if spec.input == "attention" else 0.0)
-        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes, profile, dilation))
+        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes, dilation))
     return out
 
 
@@ -204,7 +209,7 @@ class _GemmShapes:
 def _layer(
     spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions,
     g: _Groups, tokens: Floats, extra_fwd: Floats, extra_bwd: Floats, shapes: _GemmShapes,
-    profile: FrameworkProfile, dilation: Floats | None = None,
+    dilation: Floats | None = None,
 ) -> _Layer:
     in_axis, out_axis = spec.in_axis, spec.out_axis
     k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis] + 0.0 * tokens
@@ -423,7 +428,8 @@ def _host_idle_s(machine: Machine, host_s: Floats, device_s: Floats) -> Floats:
 
 def _step_columns(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: _Groups,
-    terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, dilation: Floats | None = None,
+    terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, profile: FrameworkProfile,
+    dilation: Floats | None = None,
 ) -> dict[str, Floats]:
     """The step: compute, exposed collectives, what hidden collectives take from the compute beside
     them, the wait for the slowest GPU, and the time the device waits for the host."""
@@ -435,7 +441,7 @@ def _step_columns(
         cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
     cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
     cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
-    host_s, gaps_s = _host_s(load_framework(options.framework), model, machine, c, terms, n_micro)
+    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro)
     if dilation is not None:  # the host shares the cores too
         host_s = host_s * dilation
     cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s

@@ -301,8 +301,8 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
         raise AxoplanError(f"{len(fit_plans)} training plan(s) cannot determine {len(chosen)} parameters ({names}); "
                            f"give at least {len(chosen) + 1} distinct plans to fit on (more runs, or a smaller "
                            f"--holdout), or fit fewer with --params")
-    spread = _source_prior(machine) if prior else None
-    fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen, prior=spread)
+    fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen,
+                                           prior=_source_prior(machine) if prior else None)
     values = {k: float(format_value(v)) for k, v in fitted_values.items()}  # as the YAML will hold them
     spread = _uncertainty(machine, chosen, cov, s)
     sigma = _relative_sigma(np.array(spread.log_cov)[: len(chosen), : len(chosen)])  # the stored, prior-bounded one
