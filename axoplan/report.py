@@ -156,14 +156,18 @@ def format_explain(r: Ranking, i: int) -> str:
         f"{head}, {rec['grad_accum']:.0f} micro-batches per step",
         *([f"INFEASIBLE: {rec['reason']}"] if rec["reason"] else []),
         f"predicted {rec['t_step_s']:.4f} s/iter = compute {rec['t_compute_s']:.4f} s + exposed communication "
-        f"{rec['t_comm_exposed_s']:.4f} s + host idle {rec['t_host_idle_s']:.4f} s; "
-        f"{rec['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
-        f"{rec['pct_peak']:.1f}% of peak (MFU {rec['mfu']:.1f}%)",
+        f"{rec['t_comm_exposed_s']:.4f} s + compute lost to hidden communication {rec['t_interference_s']:.4f} s "
+        f"+ waiting for the slowest of {r.world_size} GPUs {rec['t_straggler_s']:.4f} s + host idle "
+        f"{rec['t_host_idle_s']:.4f} s; MFU {rec['mfu']:.1f}%, HFU {rec['pct_peak']:.1f}% "
+        f"({rec['tflops_per_gpu']:.1f} TFLOP/s per GPU run)",
     ]
     lines += ["", "Compute per step", text_table(["part", "seconds"], [
         ["GEMMs (all linear layers, fwd + recompute + bwd)", f"{rec['t_gemm_s']:.4f}"],
         ["attention and element-wise (redundant over X)", f"{rec['t_nongemm_s']:.4f}"],
         ["optimizer step", f"{rec['t_optimizer_s']:.4f}"],
+        ["lost to collectives hidden behind the compute (their SMs and HBM traffic)",
+         f"{rec['t_interference_s']:.4f}"],
+        [f"waiting for the slowest of {r.world_size} GPUs (device.speed_variation)", f"{rec['t_straggler_s']:.4f}"],
         ["host-bound idle (the host issues ops slower than the device runs them)", f"{rec['t_host_idle_s']:.4f}"],
     ], [False, True])]
     lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)", _collectives_table(r, i)]
@@ -192,8 +196,9 @@ def _collectives_table(r: Ranking, i: int) -> str:
     rows = []
     for t in r.prediction.collectives:
         calls = float(t.calls_per_step[i])
-        if calls == 0 or t.group_size[i] <= 1 or t.seconds_per_call[i] == 0:
-            continue  # no group, or skipped (e.g. a backward all-gather of cached weights)
+        idle = t.exposed_per_call[i] == 0 if t.is_drain else t.seconds_per_call[i] == 0
+        if calls == 0 or t.group_size[i] <= 1 or idle:
+            continue  # no group, or skipped (a backward all-gather of cached weights, a drain already hidden)
         link = place(r.machine, int(t.stride[i]), int(t.group_size[i])).link
         rows.append(_collective_row(t, i, calls, link))
     totals = [float(r.column("t_comm_total_s")[i]), float(r.column("t_comm_exposed_s")[i])]
@@ -201,11 +206,16 @@ def _collectives_table(r: Ranking, i: int) -> str:
                  f"{totals[1]:.4f}"])
     headers = ["layer", "phase", "collective", "axis", "size", "stride", "placement", "MB/call", "calls", "GB/s",
                "total s", "hidden s", "exposed s"]
-    return text_table(headers, rows, [False] * 4 + [True, True, False] + [True] * 6)
+    note = ("\n(drain): the extra wait, once per micro-batch, for the first all-gather of the forward and the last "
+            "reduce-scatter of the backward, which no compute hides (docs/algorithm.md §5c)")
+    has_drain = any(row[2].endswith("(drain)") for row in rows)
+    return text_table(headers, rows, [False] * 4 + [True, True, False] + [True] * 6) + (note if has_drain else "")
 
 
 def _collective_row(t: CollectiveTerm, i: int, calls: float, link: str) -> list[str]:
     total, exposed = float(t.total_s[i]), float(t.exposed_s[i])
+    if t.is_drain:  # its traffic is counted in its collective's row; here only the extra wait
+        total = exposed
     bw = float(t.bandwidth_gbs[i])
     return [t.layer, t.phase, t.op, t.axis, str(int(t.group_size[i])), str(int(t.stride[i])), link,
             f"{t.nbytes[i] / 1e6:.2f}", f"{calls:g}", "inf" if not np.isfinite(bw) else f"{bw:.1f}",
