@@ -1,18 +1,21 @@
 """Every read and write of a user's path goes through here.
 
 One place turns the ways a file can fail (missing, a folder where a file was expected,
-no permission, not UTF-8 text, a full disk) into one :class:`AxoplanError` line that
-names the file and the fix, so no command shows a traceback for them. Writes go to a
-temporary file in the same folder and are renamed into place, so a reader never sees
-half a file and a failed write leaves the user's old file as it was; the new file gets
-the permissions the user's umask gives any new file (``mkstemp`` alone would leave it
-``0600``). :func:`check_writable` is called before long work, so nothing is measured or
-computed that could not be saved.
+no permission, not UTF-8 text, a device or FIFO where a file was expected, a full disk)
+into one :class:`AxoplanError` line that names the file and the fix, so no command shows a
+traceback for them (nor reads ``/dev/zero`` forever); a failure only a write can have is
+reported as "cannot write", whoever reports it. Writes go to a temporary file in the same
+folder and are renamed into place, so a reader never sees half a file and a failed write
+leaves the user's old file as it was; the new file gets the permissions the user's umask
+gives any new file (``mkstemp`` alone would leave it ``0600``). :func:`check_writable` is
+called before long work, so nothing is measured or computed that could not be saved.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,12 +24,17 @@ from pathlib import Path
 from axoplan.errors import AxoplanError
 
 __all__ = ["read_text", "write_text_atomic", "check_writable", "check_readable", "atomic_path", "file_error",
-           "write_with", "make_folder", "umask"]
+           "write_with", "make_folder", "umask", "not_a_regular_file"]
+
+# errors only a write can raise: reported as "cannot write" even where the caller did not say which it was
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 
 
 def file_error(path: Path, exc: BaseException, what: str = "", verb: str = "read") -> AxoplanError:
     """One line for an OSError or UnicodeDecodeError on `path`."""
     name = f"{what} {path}".strip()
+    if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        verb = "write"
     if isinstance(exc, UnicodeDecodeError):
         return AxoplanError(f"cannot read {name}: not a UTF-8 text file (byte {exc.start}); give the text file "
                             f"axoplan wrote or documents")
@@ -40,27 +48,61 @@ def file_error(path: Path, exc: BaseException, what: str = "", verb: str = "read
     return AxoplanError(f"cannot {verb} {name}: {reason}")
 
 
+_KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
+          (stat.S_ISSOCK, "socket"))
+
+
+def not_a_regular_file(path: Path, mode: int, what: str = "file") -> AxoplanError | None:
+    """The one line refusing a device, FIFO or socket as an input (reading one may never end); None for a file."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "special file")
+    return AxoplanError(f"{what} {path} is not a regular file (a {kind}); give the path of a file")
+
+
 def check_readable(path: Path, what: str = "file") -> Path:
-    """`path` if it names a readable file; else one line saying which of the ways it fails."""
+    """`path` if it names a readable regular file; else one line saying which of the ways it fails."""
     path = Path(path)
     if path.is_dir():
         raise AxoplanError(f"{what} {path} is a folder; give the path of a file")
     if not path.exists():
         raise AxoplanError(f"{what} {path} does not exist")
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise file_error(path, exc, what) from None
+    refusal = not_a_regular_file(path, mode, what)
+    if refusal is not None:
+        raise refusal
     if not os.access(path, os.R_OK):
         raise AxoplanError(f"cannot read {what} {path}: permission denied")
     return path
 
 
 def read_text(path: Path, what: str = "file") -> str:
-    """The UTF-8 text of `path`; every failure is one AxoplanError line naming `what` and the path."""
+    """The UTF-8 text of `path`; every failure is one AxoplanError line naming `what` and the path.
+
+    The file is opened without blocking and checked to be a regular file before anything is read:
+    opening a FIFO would wait for a writer, and a device such as /dev/zero never ends.
+    """
     path = Path(path)
     if path.is_dir():
         raise AxoplanError(f"{what} {path} is a folder; give the path of a file")
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise file_error(path, exc, what) from None
+    try:
+        refusal = not_a_regular_file(path, os.fstat(fd).st_mode, what)
+        if refusal is not None:
+            raise refusal
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "r", encoding="utf-8", closefd=False) as fh:
+            return fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise file_error(path, exc, what) from None
+    finally:
+        os.close(fd)
 
 
 def check_writable(path: Path, force: bool = False, what: str = "", *, parents: bool = False) -> None:
