@@ -3,13 +3,20 @@
 One record per run, one JSON object per line (JSON lines). A record embeds the plan
 it ran (so the prediction can be recomputed later) and the measured time per
 iteration with its spread and per-phase times. Records are appended with a single
-``write`` of a whole line, so a crash never leaves half a record.
+``write`` of a whole line, so a crash never leaves half a record. A finished measurement
+is never lost to a failed write: when the append fails (a full disk, a permission taken
+away during the run), the record goes to a new file of its own in the home folder (else
+the temp folder) and the one-line error names it; when even that fails, the record's JSON
+line is written to stderr before the error.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +26,7 @@ from axoplan.errors import AxoplanError
 from axoplan.plan import LaunchConfig
 from axoplan.schema import Frozen, describe_validation_error
 
-__all__ = ["RUN_SCHEMA_VERSION", "MeasuredRun", "append_run", "read_runs"]
+__all__ = ["RUN_SCHEMA_VERSION", "MeasuredRun", "append_run", "read_runs", "keep_record"]
 
 RUN_SCHEMA_VERSION = 1
 
@@ -46,13 +53,86 @@ class MeasuredRun(Frozen):
 
 
 def append_run(path: Path, run: MeasuredRun) -> None:
-    """Append one record as one line with one write (no partial records)."""
+    """Append one record as one line with one write (no partial records).
+
+    When the append fails, the record is kept in a file of its own (:func:`keep_record`) and
+    the AxoplanError names it; if that fails too, the JSON line is printed to stderr first.
+    """
     line = (run.model_dump_json() + "\n").encode()
+    try:
+        _append(Path(path), line)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        kept, tried = keep_record(line, run.plan_id)
+        if kept is not None:
+            raise AxoplanError(f"cannot write the run record to {path}: {reason}; the record was kept in {kept} "
+                               f"(append it with: cat {kept} >> {path})") from None
+        sys.stderr.write(line.decode())
+        sys.stderr.flush()
+        raise AxoplanError(f"cannot write the run record to {path}: {reason}, nor to a file of its own in "
+                           f"{' or '.join(map(str, tried)) or 'the home or temp folder'}; the record is the JSON "
+                           f"line printed above") from None
+
+
+def _append(path: Path, line: bytes) -> None:
+    """One ``write`` of `line` at the end of `path`; a short write (the disk filled up) is undone and raised."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line)
+        size = os.fstat(fd).st_size
+        written = os.write(fd, line)
+        if written != len(line):
+            if os.fstat(fd).st_size == size + written:  # only our bytes were added: take them back
+                os.ftruncate(fd, size)
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (only {written} of {len(line)} bytes "
+                                        f"written)", str(path))
     finally:
         os.close(fd)
+
+
+def keep_record(line: bytes, plan_id: str) -> tuple[Path | None, list[Path]]:
+    """Write `line` to a new file of its own, in the home folder or else the temp folder.
+
+    Returns the file written (None if none could be) and the folders tried.
+    """
+    from axoplan.fileio import umask
+
+    tried: list[Path] = []
+    for folder in _fallback_folders():
+        tried.append(folder)
+        try:
+            fd, name = tempfile.mkstemp(prefix=f"axoplan-run-{plan_id}-", suffix=".jsonl", dir=folder)
+        except OSError:
+            continue
+        ok = False
+        try:
+            ok = os.write(fd, line) == len(line)
+            os.fchmod(fd, 0o666 & ~umask())
+        except OSError:
+            ok = False
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                ok = False
+        if ok:
+            return Path(name), tried
+        Path(name).unlink(missing_ok=True)
+    return None, tried
+
+
+def _fallback_folders() -> list[Path]:
+    """Where a record that could not be appended is kept: the home folder, then the temp folder."""
+    folders = []
+    home = os.path.expanduser("~")
+    if home != "~":
+        folders.append(Path(home))
+    try:
+        temp = Path(tempfile.gettempdir())
+    except OSError:  # no usable temp folder at all
+        return folders
+    if temp not in folders:
+        folders.append(temp)
+    return folders
 
 
 def read_runs(path: Path) -> Iterator[MeasuredRun]:

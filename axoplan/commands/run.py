@@ -194,10 +194,13 @@ def _run_in_launcher(config: Any, settings: Any, check_world: Any) -> str | None
 
 
 def _finish(path: Path, record_json: str) -> None:
-    from axoplan.executor.record import write_record
+    """Show the measurement, then append its record; a failed append keeps the record elsewhere and says where
+    (axoplan.runs.append_run), so a finished run is never lost."""
+    from axoplan.runs import MeasuredRun, append_run
 
-    record = write_record(path, record_json)
+    record = MeasuredRun.model_validate_json(record_json)
     typer.echo(_summary(record))
+    append_run(path, record)
     typer.echo(f"appended the record to {path}", err=True)
 
 
