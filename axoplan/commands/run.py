@@ -7,7 +7,9 @@
 Everything that can be refused is refused before any rank starts: an unreadable or
 corrupt plan, a layout that does not divide the (scaled) model, a world size that is not
 the layout's, an unwritable record file. One measured-run record is appended to
-``runs.jsonl`` beside the plan when every rank finished. Only typer and the standard
+``runs.jsonl`` beside the plan when every rank finished (kept in a file of its own, named
+in the error, when that append fails). SIGINT or SIGTERM stops every rank and exits
+128 + the signal with one line. Only typer and the standard
 library are imported here; torch is imported by the ranks.
 """
 
@@ -98,7 +100,8 @@ def run(
 
     Synthetic tokens; warm-up, then timed iterations with per-phase times (GEMM, each
     collective kind, waiting on overlapped collectives). Exit status 2 for a bad plan or
-    option (nothing started), 1 when a rank fails (every rank is stopped; no record).
+    option (nothing started), 1 when a rank fails (every rank is stopped; no record), 130 / 143 on
+    SIGINT / SIGTERM (every rank is stopped; no record).
     """
     from axoplan.executor import checkpoint
     from axoplan.executor.record import runs_path
@@ -159,30 +162,38 @@ def _check_record_path(path: Path) -> None:
 
 
 def _run_local(config: Any, settings: Any, ranks: int) -> str:
-    from axoplan.executor.launch import LocalCluster, RankFailure
+    from axoplan.executor.launch import Interrupted, LocalCluster, RankFailure
 
     typer.echo(f"starting {ranks} local ranks for plan {config.plan_id} (layout {config.layout.to_layout()})",
                err=True)
     try:
-        with LocalCluster(ranks, timeout_s=settings.timeout_s, device=settings.device) as cluster:
+        with LocalCluster(ranks, timeout_s=settings.timeout_s, device=settings.device,
+                          stop_on_signals=True) as cluster:
             results = cluster.run("axoplan.executor.worker:run_plan_task", config.to_json(),
                                   settings.model_dump_json())
     except RankFailure as failure:
         typer.echo(f"axoplan: error: run failed: {failure}; no record written", err=True)
         raise typer.Exit(1) from None
+    except Interrupted as stop:  # SIGINT / SIGTERM: every rank is gone; exit as a shell reports the signal
+        typer.echo(f"axoplan: error: {stop}; no record written", err=True)
+        raise typer.Exit(128 + stop.signum) from None
     return str(results[0])
 
 
 def _run_in_launcher(config: Any, settings: Any, check_world: Any) -> str | None:
     """This process is one rank; rank 0 returns the record, the others None."""
     from axoplan.errors import AxoplanError
-    from axoplan.executor.launch import describe_exception, dist_env
+    from axoplan.executor.launch import describe_exception, dist_env, exit_on_signals
 
     env = dist_env()
     if env is None:
         raise AxoplanError("not started by torchrun or srun (no RANK/WORLD_SIZE or SLURM_PROCID); pass --local N "
                            "to start N ranks on this machine")
     check_world(config, env.world_size, env.launcher)
+    rank = env.rank
+    # SIGINT / SIGTERM (torchrun forwards its own to every rank; scancel sends SIGTERM): one line and exit now,
+    # even from inside a collective or the rendezvous
+    exit_on_signals(lambda name: f"axoplan: error: rank {rank} interrupted by {name}; no record written")
     try:
         from axoplan.executor.worker import run_in_process
 
