@@ -9,6 +9,7 @@ Everything is built and checked in memory first (launch configs round-trip, scri
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ def summary(exports: list[ExportedPlan], out_dir: Path, scheduler: str) -> str:
                      str(out_dir / e.folder)])
     table = text_table(["rank", "layout", "mbs", "s/iter", "nodes", "wall time", "plan", "folder"], rows,
                        [True, False, True, True, True, True, False, False])
-    first = out_dir / exports[0].folder
+    first = shlex.quote(str(out_dir / exports[0].folder))  # a command to paste: an odd --out-dir stays one word
     how = (f"cd {first} && sbatch {SCRIPT_NAME}" if scheduler == "slurm"
            else f"cd {first} && MASTER_ADDR=<first node> bash {SCRIPT_NAME}   (on every node)")
     return f"{table}\n\nsubmit each from its folder, e.g.: {how}"

@@ -12,21 +12,39 @@ from __future__ import annotations
 import math
 import re
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator
 
 from axoplan.errors import AxoplanError
 from axoplan.launcher import SITE_VALUES, LauncherSpec, placeholder_text
 from axoplan.schema import Frozen
 
 __all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_walltime", "parse_walltime",
-           "site_values", "ENV_PREFIX"]
+           "site_values", "ENV_PREFIX", "SCHEDULER_NAME", "unsafe_text", "command_problem"]
 
 ENV_PREFIX = "AXOPLAN_"
-_UNSAFE = set("\"'$`\\\n\r")
+_UNSAFE = set("\"'$`\\")
+SCHEDULER_NAME = re.compile(r"[A-Za-z0-9_.:+][A-Za-z0-9_.:+-]*")
+"""An account, partition or QOS: it goes into an ``#SBATCH`` line, where nothing can be quoted."""
+_SCHEDULER_NAMES = ("account", "partition", "qos")
+
+
+def unsafe_text(value: str) -> str | None:
+    """What makes `value` unfit for a job script whatever the quoting (None: nothing)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "a line break or other control character"
+    if _UNSAFE & set(value):
+        return "quotes, '$', backquotes or backslashes"
+    return None
 
 
 class SiteSettings(Frozen):
-    """Values that belong to the user or the centre; None = not given."""
+    """Values that belong to the user or the centre; None = not given.
+
+    An account, partition or QOS must be a plain name (:data:`SCHEDULER_NAME`: letters, digits,
+    ``_ . : + -``, not starting with ``-``): it goes into an ``#SBATCH`` line. A Python
+    environment or container path may hold spaces and the like (the script quotes it), but no
+    quotes, ``$``, backquotes, backslashes or control characters.
+    """
 
     account: str | None = Field(None, description="Project or account to charge (Slurm -A).")
     partition: str | None = Field(None, description="Slurm partition.")
@@ -34,12 +52,23 @@ class SiteSettings(Frozen):
     python_env: str | None = Field(None, description="Python environment with PyTorch and axoplan (venv or conda).")
     container: str | None = Field(None, description="Container image or environment (Alps: EDF TOML).")
 
-    @field_validator("*")
+    @field_validator("account", "partition", "qos")
     @classmethod
-    def _shell_safe(cls, v: str | None) -> str | None:
-        # values go inside double quotes or #SBATCH lines; these characters would change the script's meaning
-        if v is not None and _UNSAFE & set(v):
-            raise ValueError("must not contain quotes, '$', backquotes, backslashes or newlines")
+    def _scheduler_name(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not SCHEDULER_NAME.fullmatch(v):
+            flag = f"--{info.field_name}"
+            raise ValueError(f"{flag} (or {ENV_PREFIX}{str(info.field_name).upper()}) goes into an #SBATCH line, so "
+                             f"it may hold only letters, digits and _ . : + - (not starting with -)")
+        return v
+
+    @field_validator("python_env", "container")
+    @classmethod
+    def _shell_safe(cls, v: str | None, info: ValidationInfo) -> str | None:
+        reason = unsafe_text(v) if v is not None else None
+        if reason is not None:
+            flag = f"--{str(info.field_name).replace('_', '-')}"
+            raise ValueError(f"{flag} (or {ENV_PREFIX}{str(info.field_name).upper()}) must not contain {reason}, "
+                             f"which would change the job script's meaning")
         return v
 
 
@@ -58,10 +87,62 @@ class JobSettings(Frozen):
 
     @field_validator("command")
     @classmethod
-    def _non_empty(cls, v: str | None) -> str | None:
+    def _one_command(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("must not be empty")
+        if v is not None:
+            problem = command_problem(v)
+            if problem is not None:
+                raise ValueError(f"--command is one command and its arguments, launched in every task; {problem}. "
+                                 f"Put anything more in a script and pass --command 'bash my-script.sh'")
         return v
+
+
+_OPERATORS = set(";&|<>()")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def command_problem(command: str) -> str | None:
+    """Why `command` cannot be the payload of a job script as written (None: it can).
+
+    The payload is written as given after the launcher (srun / torchrun), so its words, quotes,
+    globs and ``$VAR`` mean what they mean in a shell; only what could end the command or run
+    other code in the batch script is refused: a line break, an unclosed quote, a shell operator
+    (``; & | < > ( )``) or ``#`` outside quotes, a command substitution (``$(...)``, backquotes)
+    or ``$`` followed by anything but a variable name.
+    """
+    if any(ord(c) < 32 or ord(c) == 127 for c in command):
+        return "it holds a line break or other control character"
+    quote = ""
+    i = 0
+    while i < len(command):
+        c = command[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            i += 1  # escapes the next character (inside double quotes too, or it stays literal)
+            if i >= len(command):
+                return "it ends with a backslash"
+        elif c == "`":
+            return "backquotes would run a command in the job script itself"
+        elif c == "$":
+            name = _NAME.match(command, i + 1)
+            if name is None:
+                return (f"'{command[i:i + 2]}' would run or expand code in the job script itself (only $NAME and "
+                        f"${{NAME}} expand)")
+            i = name.end() - 1
+        elif quote == '"':
+            quote = "" if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c in _OPERATORS:
+            return f"{c!r} outside quotes would act on the launcher, not on your command"
+        elif c == "#" and (i == 0 or command[i - 1] in " \t"):
+            return "'#' outside quotes would make the rest a comment"
+        i += 1
+    if quote:
+        return f"its {quote} quote is never closed, so the job script does not parse as bash"
+    return None
 
 
 def node_counts(world_size: int, devices_per_node: int, allow_partial: bool, machine: str) -> tuple[int, int]:

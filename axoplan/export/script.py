@@ -4,10 +4,21 @@ The script knows nothing about any particular centre: the header, modules, envir
 setup and launch line all come from ``launcher:`` in the machine YAML; the layout and
 the prediction come from the launch config; the account and other site values come from
 the user (or stay visible placeholders such as ``<ACCOUNT>``).
+
+No value can change what the script means. A value in an ``#SBATCH`` line, where nothing
+can be quoted, must be a plain word (letters, digits, ``_ . : + / @ -``); a value in a shell
+line is quoted for where it stands (``shlex.quote`` outside quotes, as is inside quotes,
+where the site values' rules keep out quotes, ``$``, backquotes and backslashes); comment
+lines show a line break in a name as ``\n``; module names must be plain names; ``--command``
+is written as given once :func:`axoplan.export.job.command_problem` has found nothing in it
+that could end the command or run code in the batch script. Anything else is refused with
+one line naming the option or the machine YAML's entry.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import subprocess
 
@@ -16,13 +27,16 @@ from axoplan.budget import describe_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.job import (
     ENV_PREFIX,
+    SCHEDULER_NAME,
     JobSettings,
+    command_problem,
     format_walltime,
     node_counts,
     site_values,
+    unsafe_text,
     walltime_s,
 )
-from axoplan.launcher import SITE_VALUES, LauncherSpec, fill, placeholders_in
+from axoplan.launcher import SITE_VALUES, LauncherSpec, fill, placeholder_text, placeholders_in
 from axoplan.machine import Machine
 from axoplan.plan import LaunchConfig
 from axoplan.queues import QueueChoice, choose_queue
@@ -35,6 +49,9 @@ SCRIPT_NAME = "job.sh"
 PLAN_NAME = "plan.json"
 EXECUTOR_PAYLOAD = 'python -u -m axoplan run "$AXOPLAN_PLAN"'
 _INDENT = "    "
+_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # as axoplan.launcher's
+_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.:+/@-]+")  # what a value in an #SBATCH line may be
+_MODULE = re.compile(r"[A-Za-z0-9_.:+/@%,=-]+")  # a module name
 
 
 def require_launcher(machine: Machine) -> LauncherSpec:
@@ -63,9 +80,25 @@ def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name
         for key in ("partition", "qos"):
             if getattr(settings.site, key) is None and getattr(choice.queue, key) is not None:
                 site[key] = getattr(choice.queue, key)
+    _check_site_values(site, machine.name)
     return {**site, "nodes": str(nodes), "tasks": str(plan.world_size),
             "tasks_per_node": str(per_node), "gpus_per_node": str(per_node), "walltime": format_walltime(wall),
             "job_name": f"axoplan-{name}", "plan_id": plan.plan_id}
+
+
+def _check_site_values(site: dict[str, str], machine: str) -> None:
+    """Site values from the machine YAML (defaults, queues) obey the rules the flags do (job.SiteSettings)."""
+    for name, value in site.items():
+        if value in ("", placeholder_text(name)):
+            continue
+        if name in ("account", "partition", "qos"):
+            if not SCHEDULER_NAME.fullmatch(value):
+                raise AxoplanError(f"machine {machine!r} gives {name} {value!r}, which goes into an #SBATCH line and "
+                                   f"may hold only letters, digits and _ . : + -; fix its launcher block, or pass "
+                                   f"--{name}")
+        elif (reason := unsafe_text(value)) is not None:
+            raise AxoplanError(f"machine {machine!r} gives {name} {value!r}, which holds {reason}; fix its launcher "
+                               f"block, or pass --{name.replace('_', '-')}")
 
 
 def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> QueueChoice | None:
@@ -129,16 +162,16 @@ def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSetting
     launcher = require_launcher(machine)
     values = job_values(plan, machine, settings, name)
     parts = [
-        ["#!/bin/bash", *_comments(plan, machine, settings, values, rank), *_header(launcher, values),
-         *_staging_header(launcher, values)],
+        ["#!/bin/bash", *map(one_line, _comments(plan, machine, settings, values, rank)),
+         *_header(launcher, values, machine.name), *_staging_header(launcher, values, machine.name)],
         ["set -eo pipefail"],
-        [f"module load {fill(m, values)}" for m in launcher.modules],
-        _exports(launcher.env, values),
-        _setup(launcher, values),
-        _staging_setup(launcher, values),
+        _modules(launcher, values, machine.name),
+        _exports(launcher.env, values, machine.name),
+        _setup(launcher, values, machine.name),
+        _staging_setup(launcher, values, machine.name),
         _plan_block(plan, settings),
-        _chain_block(queue_choice(plan, machine, settings), settings, launcher),
-        _launch(launcher, values, settings.command or EXECUTOR_PAYLOAD),
+        [one_line(line) for line in _chain_block(queue_choice(plan, machine, settings), settings, launcher)],
+        _launch(launcher, values, _payload(settings), machine.name),
     ]
     text = "\n\n".join("\n".join(p) for p in parts if p) + "\n"
     check_bash_syntax(text, f"the job script for machine {machine.name!r}")
@@ -186,23 +219,138 @@ def _job_iterations(plan: LaunchConfig, machine: Machine, settings: JobSettings)
     return settings.iterations if choice is None else choice.iterations_per_job
 
 
-def _exports(env: dict[str, str], values: dict[str, str]) -> list[str]:
+def _exports(env: dict[str, str], values: dict[str, str], machine: str) -> list[str]:
     """``export K="V"``; with a command substitution, assign first so a failing command stops the script."""
     lines = []
     for key, value in env.items():
-        text = fill(value, values)
+        text = fill_shell(value, values, f"machine {machine!r} launcher.env {key}", quote='"')
         lines += [f'{key}="{text}"', f"export {key}"] if "$(" in text else [f'export {key}="{text}"']
     return lines
 
 
-def _header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+def _header(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
     """#SBATCH lines; a line that uses an empty site value (e.g. no QOS) is left out."""
     out = []
     for line in launcher.header:
         if any(values[p] == "" for p in placeholders_in(line) if p in SITE_VALUES):
             continue
-        out.append(f"#SBATCH {fill(line, values)}")
+        out.append(_directive(line, values, f"machine {machine!r} launcher.header"))
     return out
+
+
+def _directive(line: str, values: dict[str, str], where: str) -> str:
+    """``#SBATCH`` + the filled line; nothing can be quoted there, so every value in it must be a plain word."""
+    for name in placeholders_in(line):
+        value = values[name]
+        if value != placeholder_text(name) and not _DIRECTIVE_VALUE.fullmatch(value):
+            raise AxoplanError(f"{_option(name)} {value!r} cannot go into the #SBATCH line {line!r} of {where}: "
+                               f"only letters, digits and _ . : + / @ - can be written there")
+    text = fill(line, values)
+    if unsafe_control(text):
+        raise AxoplanError(f"{where} line {line!r} holds a line break or other control character")
+    return f"#SBATCH {text}"
+
+
+def _modules(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
+    lines = []
+    for module in launcher.modules:
+        name = fill(module, values)
+        if not _MODULE.fullmatch(name):
+            raise AxoplanError(f"machine {machine!r} launcher.modules entry {module!r} is not a module name (letters, "
+                               f"digits and _ . : + / @ % , = -); fix its launcher block")
+        lines.append(f"module load {name}")
+    return lines
+
+
+def _payload(settings: JobSettings) -> str:
+    if settings.command is None:
+        return EXECUTOR_PAYLOAD
+    problem = command_problem(settings.command)
+    if problem is not None:  # JobSettings refuses it first; kept for settings built some other way
+        raise AxoplanError(f"--command {settings.command!r}: {problem}")
+    return settings.command
+
+
+def _option(name: str) -> str:
+    """How the user sets a placeholder's value: its flag, or what computes it."""
+    return f"--{name.replace('_', '-')}" if name in SITE_VALUES else name
+
+
+def unsafe_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters (a line break in a model's name) shown escaped, so a comment stays one line."""
+    if not unsafe_control(text):
+        return text
+    return "".join(c.encode("unicode_escape").decode() if ord(c) < 32 or ord(c) == 127 else c for c in text)
+
+
+def fill_shell(text: str, values: dict[str, str], where: str, *, quote: str = "", nested: bool = False) -> str:
+    """Fill the placeholders of a shell line, each value quoted for where it stands.
+
+    A value outside quotes is ``shlex.quote``d (in double quotes instead when `nested`: the line
+    runs inside ``bash -c '...'``); one inside double or single quotes goes in as it is, and is
+    refused if it holds what would end those quotes or expand there. `quote` is the quoting the
+    line starts in (``'"'``: the line is written inside double quotes). ``$(...)`` and backquotes
+    start a new, unquoted level, so a placeholder inside one is quoted as well.
+    """
+    stack = [quote]  # "" unquoted, "'" or '"' quoted, "(" or "`" inside a command substitution (unquoted)
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        m = _PLACEHOLDER.match(text, i)
+        if m is not None and m.group(1) in values:
+            out.append(_quoted(values[m.group(1)], m.group(1), stack[-1], nested, text, where))
+            i = m.end()
+            continue
+        c, top = text[i], stack[-1]
+        step = 1
+        if top == "'":
+            if c == "'":
+                stack.pop()
+        elif c == "\\":
+            step = 2
+        elif c == "$" and text.startswith("$(", i):
+            stack.append("(")
+            step = 2
+        elif c == "`":
+            if top == "`":
+                stack.pop()
+            else:
+                stack.append("`")
+        elif top == '"':
+            if c == '"':
+                stack.pop()
+        elif c in "'\"":
+            stack.append(c)
+        elif c == "(":
+            stack.append("(")
+        elif c == ")" and top == "(":
+            stack.pop()
+        out.append(text[i:i + step])
+        i += step
+        if not stack:  # more closing quotes than opening ones: the line itself is odd; keep counting from here
+            stack.append("")
+    return "".join(out)
+
+
+def _quoted(value: str, name: str, context: str, nested: bool, line: str, where: str) -> str:
+    if context in ("", "(", "`"):
+        if shlex.quote(value) == value:
+            return value
+        if not nested:
+            return shlex.quote(value)
+        context = '"'
+        wrap = True
+    else:
+        wrap = False
+    bad = {"'": "'", '"': '"$`\\'}[context]
+    if unsafe_control(value) or any(c in bad for c in value):
+        what = "a control character" if unsafe_control(value) else "a quote, $, backquote or backslash"
+        raise AxoplanError(f"{_option(name)} {value!r} cannot go into the line {line!r} of {where}: it holds {what}")
+    return f'"{value}"' if wrap else value
 
 
 def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
@@ -215,29 +363,31 @@ def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
         f"{_INDENT}exit 1",
         "fi",
     ]
-    return lines + [f"export {k}={v}" for k, v in payload_env(plan, settings).items()]
+    return lines + [f"export {k}={shlex.quote(v)}" for k, v in payload_env(plan, settings).items()]
 
 
-def _staging_header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+def _staging_header(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
     if launcher.staging is None or not staged(launcher.staging, int(values["nodes"])):
         return []
-    return [f"#SBATCH {fill(line, values)}" for line in launcher.staging.header]
+    return [_directive(line, values, f"machine {machine!r} launcher.staging.header")
+            for line in launcher.staging.header]
 
 
-def _setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+def _setup(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
     """The launcher's setup lines, unless a staged job's staging block replaces them."""
     spec = launcher.staging
     if spec is not None and spec.replace_setup and staged(spec, int(values["nodes"])):
         return []
-    return [fill(line, values) for line in launcher.setup]
+    return [fill_shell(line, values, f"machine {machine!r} launcher.setup") for line in launcher.setup]
 
 
-def _staging_setup(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
+def _staging_setup(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
     spec = launcher.staging
     if spec is None or not staged(spec, int(values["nodes"])):
         return []
-    return [f"# {values['nodes']} nodes >= {spec.min_nodes}: stage the Python environment to node-local storage "
-            f"{spec.source}", *(fill(line, values) for line in spec.setup)]
+    return [one_line(f"# {values['nodes']} nodes >= {spec.min_nodes}: stage the Python environment to node-local "
+                     f"storage {spec.source}"),
+            *(fill_shell(line, values, f"machine {machine!r} launcher.staging.setup") for line in spec.setup)]
 
 
 def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: LauncherSpec) -> list[str]:
@@ -269,12 +419,15 @@ def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: La
     ]
 
 
-def _launch(launcher: LauncherSpec, values: dict[str, str], payload: str) -> list[str]:
+def _launch(launcher: LauncherSpec, values: dict[str, str], payload: str, machine: str) -> list[str]:
     """The launch line; with task_env / task_setup the payload runs inside a per-task bash."""
-    head = fill(launcher.launch, values)
-    inner = [fill(line, values) for line in launcher.task_setup]
+    where = f"machine {machine!r} launcher"
+    head = fill_shell(launcher.launch, values, f"{where}.launch")
+    inner = [fill_shell(line, values, f"{where}.task_setup", nested=True) for line in launcher.task_setup]
     if launcher.task_env:
-        inner.insert(0, "export " + " ".join(f'{k}="{fill(v, values)}"' for k, v in launcher.task_env.items()))
+        inner.insert(0, "export " + " ".join(
+            f'{k}="{fill_shell(v, values, f"{where}.task_env {k}", quote=chr(34), nested=True)}"'
+            for k, v in launcher.task_env.items()))
     if not inner:
         return [f"{head} \\", f"{_INDENT}{payload}"]
     body = "\n".join(f"{_INDENT * 2}{line}" for line in [*inner, 'exec "$@"'])
