@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Any
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from axoplan.errors import AxoplanError
+from axoplan.plausible import TRAINING_TOKENS, PlausibilityWarning
 from axoplan.schema import Frozen
 
 __all__ = ["parse_tokens", "RunCost", "TrainingCost", "run_cost", "steps_for", "format_tokens", "check_max_nodes",
@@ -41,6 +43,13 @@ def parse_tokens(text: str) -> int:
     value = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
     if not math.isfinite(value) or value < 1:
         raise AxoplanError(f"--tokens {text!r} must be at least one token; write e.g. 300B, 1.5T or 2e12")
+    most, usual = TRAINING_TOKENS.hard[1], TRAINING_TOKENS.usual[1]
+    if value > most:
+        raise AxoplanError(f"--tokens {text} is more than any training run could use (at most "
+                           f"{format_tokens(round(most))}; the largest published runs used about 40T)")
+    if value > usual:
+        warnings.warn(f"--tokens {text} is more than twice the largest published training runs (about 40T); "
+                      "check it", PlausibilityWarning, stacklevel=2)
     return round(value)
 
 

@@ -18,21 +18,27 @@ from axoplan.commands import calibrate, explain, export, listing, plot, probe, r
 from axoplan.commands.user_errors import user_errors
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Rank AxoNN 4D layouts (Gx x Gy x Gz x Gdata) by predicted iteration time, and explain why.",
 )
 
-app.command("rank")(user_errors(rank.rank))
-app.command("explain")(user_errors(explain.explain))
-app.command("machines")(user_errors(listing.machines))
-app.command("models")(user_errors(listing.models))
-app.command("export")(user_errors(export.export))
-app.command("run")(user_errors(run.run))
-app.command("probe")(user_errors(probe.probe))
-app.command("validate")(user_errors(validate.validate))
-app.command("calibrate")(user_errors(calibrate.calibrate))
-app.command("suggest")(user_errors(suggest.suggest))
+COMMANDS = (  # name, function, the one line `axoplan --help` shows (whole at 80 columns)
+    ("rank", rank.rank, "Rank every 4D layout of --gpus GPUs by predicted time per step."),
+    ("explain", explain.explain, "Explain one layout: its collectives, compute and memory."),
+    ("machines", listing.machines, "List the machines that ship with axoplan."),
+    ("models", listing.models, "List the model presets with their shapes and sizes."),
+    ("export", export.export, "Write the top layouts as launch configs and job scripts."),
+    ("run", run.run, "Run a launch config on torch.distributed and record its time."),
+    ("probe", probe.probe, "Measure this machine's GEMMs and collectives."),
+    ("validate", validate.validate, "Compare measured runs with their predictions."),
+    ("calibrate", calibrate.calibrate, "Fit a machine's constants to measured runs."),
+    ("suggest", suggest.suggest, "The k layouts worth measuring first."),
+)
+
+for _name, _fn, _short in COMMANDS:
+    app.command(_name, short_help=_short)(user_errors(_fn))
+
 plot.register(app, user_errors)
 
 

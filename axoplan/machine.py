@@ -23,6 +23,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_v
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable
 from axoplan.launcher import LauncherSpec
+from axoplan.plausible import MACHINE_RANGES, check_plausible
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
 __all__ = ["Machine", "Reserve", "load_machine", "shipped_machines", "machines_dir", "Orientation", "ORIENTATIONS",
@@ -250,6 +251,9 @@ class Machine(Frozen):
     name: str
     description: str = ""
     devices_per_node: PositiveInt
+    nodes: PositiveInt | None = Field(
+        None, description="Nodes the machine has (its size); a GPU count beyond nodes x devices_per_node is refused. "
+        "None for a node type without a fixed size (dgx-a100, local-cpu).")
     device: Device
     intra_node: IntraNode
     inter_node: InterNode
@@ -332,6 +336,11 @@ class Machine(Frozen):
         return (self.device.hbm_gb - self.reserved_gb(communicators)) * 1e9
 
     @property
+    def total_devices(self) -> int | None:
+        """Devices in the whole machine, or None when its size is not given."""
+        return None if self.nodes is None else self.nodes * self.devices_per_node
+
+    @property
     def peak_flops(self) -> float:
         """Dense bf16 peak per device, flop/s."""
         return self.device.peak_bf16_tflops * 1e12
@@ -359,6 +368,7 @@ def load_machine(name_or_path: str | Path) -> Machine:
         raise AxoplanError(f"{path}: 'launch_floor_us_per_layer' is gone: the host floor now follows from kernel "
                            "counts; replace it with a 'host:' block with 'op_us' (host time per framework op, "
                            "e.g. 10) as in the shipped machines/")
+    check_plausible(data, MACHINE_RANGES, str(path))
     try:
         return Machine.model_validate(data)
     except ValidationError as err:

@@ -26,6 +26,7 @@ from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable
+from axoplan.plausible import MODEL_RANGES, check_plausible
 from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
 
 __all__ = ["ModelSpec", "LinearLayer", "BLOCK_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS", "layer_axes", "PRESETS",
@@ -215,6 +216,7 @@ def load_model(name_or_path: str | Path, **overrides: int | str | None) -> Model
     updates = {k: v for k, v in overrides.items() if v is not None}
     if not updates:
         return base
+    check_plausible(updates, MODEL_RANGES, "model options")
     try:
         return ModelSpec.model_validate({**base.model_dump(), **updates})
     except ValidationError as err:
@@ -227,6 +229,7 @@ def _base_model(name: str) -> ModelSpec:
         check_readable(path, "model file")
         data = load_yaml_mapping(path)
         data.setdefault("name", path.stem)
+        check_plausible(data, MODEL_RANGES, str(path))
         try:
             return ModelSpec.model_validate(data)
         except ValidationError as err:

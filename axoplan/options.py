@@ -9,10 +9,11 @@ activation recompute and weight caching searched (both values), OAR, ORS and OAG
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
+from axoplan.plausible import RUN_RANGES, check_plausible
 from axoplan.schema import Frozen
 
 __all__ = ["RunOptions", "Choice"]
@@ -26,7 +27,8 @@ class RunOptions(Frozen):
     global_batch: PositiveInt = Field(2048, description="Sequences per optimizer step.")
     seq_len: PositiveInt = Field(2048, description="Tokens per sequence.")
     micro_batches: tuple[PositiveInt, ...] = Field(
-        (1, 2, 4, 8), min_length=1, description="Per-GPU micro-batch sizes (sequences) to search."
+        (1, 2, 4, 8), min_length=1, max_length=32, description="Per-GPU micro-batch sizes (sequences) to search "
+        "(at most 32: each multiplies the candidates)."
     )
     recompute: Choice = Field("search", description="Full activation recompute: on, off, or search both.")
     cache_weights: Choice = Field(
@@ -56,6 +58,13 @@ class RunOptions(Frozen):
         False, description="AxoNN's GEMM tuner: forward and dX GEMMs take their fastest operand layout.")
     framework: str = Field(
         "axonn", description="Framework profile (frameworks/<name>.yaml): host ops and kernels per block.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plausible(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            check_plausible(data, RUN_RANGES, "run options")
+        return data
 
     @field_validator("tp_order")
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from axoplan.axes import AXIS_DEFS, DEFAULT_ORDER, FIELDS, order_name, parse_tp_order
-from axoplan.budget import TrainingCost
+from axoplan.budget import TrainingCost, steps_for
 from axoplan.errors import AxoplanError
 from axoplan.layout import Layout
 from axoplan.model import ModelSpec
@@ -90,17 +90,12 @@ class LaunchConfig(Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> LaunchConfig:
+        """A hand-edited plan must not contradict itself: each derived field is checked against its source."""
         if self.schema_version != SCHEMA_VERSION:
             raise ValueError(f"schema version {self.schema_version} is not {SCHEMA_VERSION}")
-        lay = self.layout
-        if lay.world_size != self.world_size:
-            raise ValueError(f"layout {lay.to_layout()} has {lay.world_size} GPUs, world_size says {self.world_size}")
-        per_step = lay.gdata * lay.gz * self.micro_batch * self.grad_accum_steps
-        if per_step != self.options.global_batch:
-            raise ValueError(f"Gdata*Gz*micro_batch*grad_accum_steps = {per_step} != global batch "
-                             f"{self.options.global_batch}")
-        if self.axonn_init != lay.to_layout().to_axonn_init():
-            raise ValueError("axonn_init does not match the layout")
+        problem = _contradiction(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @classmethod
@@ -153,7 +148,44 @@ class LaunchConfig(Frozen):
         return cls.from_json(text, str(p))
 
 
-_LATER_OPTIONS = ("tuned_gemm",)
+def _contradiction(plan: LaunchConfig) -> str | None:
+    """The first field of `plan` that contradicts the others, as a sentence naming it; None if none does."""
+    lay, opts = plan.layout, plan.options
+    if lay.world_size != plan.world_size:
+        return f"field 'world_size' is {plan.world_size}, but layout {lay.to_layout()} has {lay.world_size} GPUs"
+    nodes = -(-plan.world_size // plan.devices_per_node)
+    if plan.nodes != nodes:
+        return (f"field 'nodes' is {plan.nodes}, but {plan.world_size} GPUs at {plan.devices_per_node} per node "
+                f"need {nodes}")
+    per_step = lay.gdata * lay.gz * plan.micro_batch * plan.grad_accum_steps
+    if per_step != opts.global_batch:
+        return (f"field 'grad_accum_steps': Gdata*Gz*micro_batch*grad_accum_steps = {per_step} is not the global "
+                f"batch {opts.global_batch} (options.global_batch)")
+    if plan.micro_batch not in opts.micro_batches:
+        return (f"field 'micro_batch' is {plan.micro_batch}, not one of options.micro_batches "
+                f"{list(opts.micro_batches)}")
+    for name in ("recompute", "cache_weights"):
+        choice = getattr(opts, name)
+        if getattr(plan, name) not in RunOptions.choice_values(choice):
+            return f"field {name!r} is {getattr(plan, name)}, but options.{name} is {choice!r}"
+    if opts.tp_order not in ("search", lay.tp_order):
+        return f"field 'layout.tp_order' is {lay.tp_order!r}, but options.tp_order is {opts.tp_order!r}"
+    if plan.axonn_init != lay.to_layout().to_axonn_init():
+        return "field 'axonn_init' does not match the layout"
+    if plan.training is not None:
+        steps = steps_for(plan.training.tokens, opts.global_batch, opts.seq_len)
+        if (plan.training.nodes, plan.training.steps) != (plan.nodes, steps):
+            return (f"field 'training': {plan.training.steps} steps on {plan.training.nodes} nodes, but its tokens "
+                    f"take {steps} steps and the plan has {plan.nodes} nodes")
+    ident = plan_id(plan.machine, plan.model, opts, lay.to_layout(), plan.micro_batch, plan.recompute,
+                    plan.cache_weights)
+    if plan.plan_id != ident:
+        return (f"field 'plan_id' is {plan.plan_id!r}, but these fields have id {ident!r} (after an intended edit, "
+                f"set plan_id to {ident!r})")
+    return None
+
+
+_LATER_OPTIONS = ("tuned_gemm", "concurrent_z", "attention", "framework", "tp_order")
 """Run options newer than the plan-id scheme: hashed only when not at their default."""
 
 

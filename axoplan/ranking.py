@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import AXIS_DEFS, order_name
+from axoplan.axes import AXIS_DEFS, order_name, strides
 from axoplan.candidates import Candidates
 from axoplan.cost.memory import memory_verdict
 from axoplan.cost.model import Prediction, predict
@@ -83,11 +83,21 @@ class Ranking:
         return rec
 
     def index_of(self, layout: Layout) -> int:
-        """Best-ranked candidate with this layout (its micro-batch and options as searched)."""
+        """Best-ranked candidate with this layout (its micro-batch and options as searched).
+
+        A rank order is matched by the placement it gives (the strides of the axes above one GPU),
+        so ``1x1x8x8/zxy`` finds the one candidate that stands for every order of that layout."""
         c = self.candidates
         mask = np.logical_and.reduce([getattr(c, a.field) == layout.size(a.name) for a in AXIS_DEFS])
-        if layout.order in c.orders:  # a layout names its rank order (the default unless it says otherwise)
-            mask &= c.order_id == c.orders.index(layout.order)
+        rows = np.flatnonzero(mask)
+        wanted = strides({a: np.array([layout.size(a)]) for a in layout.order}, layout.order)
+        have = c.take(rows).strides()
+        same = np.ones(rows.size, dtype=bool)
+        for axis in ("x", "y", "z"):
+            if layout.size(axis) > 1:
+                same &= have[axis] == wanted[axis][0]
+        mask[:] = False
+        mask[rows[same]] = True
         hits = self.order[mask[self.order]]
         if hits.size == 0:
             raise AxoplanError(f"layout {layout} is not among the candidates of {self.world_size} GPUs; "
@@ -101,7 +111,17 @@ def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: in
         raise AxoplanError(f"--gpus must be a positive number of GPUs, got {world_size}")
     if world_size > _MAX_WORLD:
         raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({_MAX_WORLD})")
+    check_machine_size(machine, world_size)
     return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options))
+
+
+def check_machine_size(machine: Machine, world_size: int) -> None:
+    """Refuse more GPUs than the machine has (its YAML's ``nodes``), naming the most it can take."""
+    total = machine.total_devices
+    if total is not None and world_size > total:
+        raise AxoplanError(
+            f"--gpus {world_size} is more than {machine.name} has ({machine.nodes} nodes x {machine.devices_per_node} "
+            f"= {total} GPUs); give at most {total}, or copy the machine YAML without 'nodes' for a larger machine")
 
 
 def rank_candidates(
@@ -125,7 +145,7 @@ def smallest_feasible_world(model: ModelSpec, machine: Machine, options: RunOpti
     counts += [n * 64 * 2**k for k in range(1, 16)]
     tried = 0
     for g in sorted(set(counts)):
-        if g <= start or g > _MAX_WORLD:
+        if g <= start or g > min(_MAX_WORLD, machine.total_devices or _MAX_WORLD):
             continue
         if rank(model, machine, options, g).num_feasible:
             return g
@@ -133,6 +153,11 @@ def smallest_feasible_world(model: ModelSpec, machine: Machine, options: RunOpti
         if tried > 60:
             break
     return None
+
+
+def _whole_machine(machine: Machine) -> str:
+    total = machine.total_devices
+    return f"; no GPU count up to all {total} of {machine.name} fits it" if total else ""
 
 
 def explain_infeasible(r: Ranking) -> str:
@@ -148,7 +173,7 @@ def explain_infeasible(r: Ranking) -> str:
     if shape_ok.any() and not fits.any():  # memory binds whatever the batch
         best = r.column("mem_need_bytes")[shape_ok].min() / 1e9
         more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
-        fix = f"; the smallest GPU count that fits is {more}" if more else ""
+        fix = f"; the smallest GPU count that fits is {more}" if more else _whole_machine(r.machine)
         return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU with the "
                 f"reserve, of {r.machine.device.hbm_gb:g} GB){fix}")
     if fits.any():

@@ -5,17 +5,19 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from axoplan.axes import AXIS_DEFS, FIELDS, LABELS, order_name
+from axoplan.axes import AXIS_DEFS, order_name
 from axoplan.cost.model import CollectiveTerm
 from axoplan.layout import Layout
 from axoplan.ranking import Ranking
 
-__all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table", "selected_rows"]
+__all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table", "selected_rows", "plural",
+           "wrap", "TABLE_WIDTH"]
 
 _GB = 1e9
 
@@ -46,47 +48,108 @@ def selected_rows(r: Ranking, top: int, infeasible: bool) -> list[int]:
     return [int(i) for i in chosen[:top]]
 
 
-def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | None = None) -> str:
-    """The top rows (or top infeasible rows with their reasons) as a readable table.
+TABLE_WIDTH = 120
+"""Characters a table and its notes fit by default (``--wide`` shows every column, unwrapped)."""
 
-    With `tokens`, each row also shows days to train, node-hours and GPU-hours (axoplan.budget).
+
+def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | None = None,
+                 rows: Sequence[int] | None = None, wide: bool = False) -> str:
+    """The top rows (or top infeasible rows with their reasons, or the given `rows`) as a readable table.
+
+    By default it fits :data:`TABLE_WIDTH` columns: the layout in ``--layout`` spelling, the
+    micro-batch, the options, seconds per step with its interval and P(best), MFU and memory.
+    `wide` adds the axes one by one, HFU and the exposed communication. With `tokens`, each row
+    also shows days to train, node-hours and GPU-hours (axoplan.budget).
     """
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
-            f"{len(r.candidates)} candidates, {r.num_feasible} feasible")
-    headers = ["rank", *LABELS, "order", "mbs", "options", "s/iter", "MFU %", "HFU %",
-               "exposed comm s", "mem GB/GPU"]
-    shows_interval = "p_best" in r.prediction.columns and not infeasible
-    if shows_interval:
-        headers[len(LABELS) + 5:len(LABELS) + 5] = ["interval s", "P(best)"]
+            f"{plural(len(r.candidates), 'candidate')}, {r.num_feasible} feasible")
     if tokens is not None:
         from axoplan.budget import format_tokens
 
         head += f"; cost of {format_tokens(tokens)} tokens"
-        headers += ["days", "node-h", "GPU-h"]
+    chosen = list(rows) if rows is not None else selected_rows(r, top, infeasible)
+    columns = _table_columns(r, infeasible, tokens, wide)
+    body = [[cell(r, i, n) for _, _, cell in columns] for n, i in enumerate(chosen, start=1)]
+    if not body:
+        return wrap(head, wide) + "\n(no rows)"
+    notes = [_LAYOUT_NOTE if not wide else "", _INTERVAL_NOTE if _has_interval(r, infeasible) else "",
+             _columns_note(wide)]
+    table = text_table([h for h, _, _ in columns], body, [right for _, right, _ in columns])
+    return "\n".join([wrap(head, wide), "", table, *(wrap(n, wide) for n in notes if n)])
+
+
+Cell = Callable[[Ranking, int, int], str]
+
+
+def _table_columns(r: Ranking, infeasible: bool, tokens: int | None, wide: bool) -> list[tuple[str, bool, Cell]]:
+    """(header, right-aligned, cell of (ranking, candidate, rank)) for each column shown."""
+    cols: list[tuple[str, bool, Cell]] = [("rank", True, lambda r, i, n: str(n))]
+    if wide:
+        cols += [(a.label, True, _axis_cell(a.field)) for a in AXIS_DEFS]
+        cols.append(("order", False, lambda r, i, n: order_name(r.candidates.order(i))))
+    else:
+        cols.append(("layout", False, lambda r, i, n: _layout_spelling(r.candidates.layout(i))))
+    cols += [("mbs", True, lambda r, i, n: str(int(r.candidates.micro_batch[i]))),
+             ("options", False, lambda r, i, n: _options_label(r.row(i))),
+             ("s/iter", True, _timed(lambda rec: f"{rec['t_step_s']:.3f}"))]
+    if _has_interval(r, infeasible):
+        cols += [("interval s", True, lambda r, i, n: _interval_text(r.row(i))),
+                 ("P(best)", True, lambda r, i, n: f"{r.row(i)['p_best']:.2f}" + ("=" if r.row(i)["tied"] else ""))]
+    cols.append(("MFU %", True, _timed(lambda rec: f"{rec['mfu']:.1f}")))
+    if wide:
+        cols += [("HFU %", True, _timed(lambda rec: f"{rec['pct_peak']:.1f}")),
+                 ("exposed comm s", True, _timed(lambda rec: f"{rec['t_comm_exposed_s']:.3f}"))]
+    cols.append(("mem GB" if not wide else "mem GB/GPU", True, _memory_cell))
+    if tokens is not None:
+        for k, header in enumerate(("days", "node-h", "GPU-h")):
+            cols.append((header, True, _cost_cell(tokens, k)))
     if infeasible:
-        headers.append("why infeasible")
-    rows = []
-    for n, i in enumerate(selected_rows(r, top, infeasible), start=1):
-        rec = r.row(i)
-        timed = [f"{rec['t_step_s']:.3f}", f"{rec['mfu']:.1f}", f"{rec['pct_peak']:.1f}",
-                 f"{rec['t_comm_exposed_s']:.3f}"] if r.has_time(i) else ["-"] * 4
-        cells = [str(n), *(str(rec[k]) for k in (*FIELDS, "tp_order", "micro_batch")), _options_label(rec), *timed,
-                 f"{rec['mem_need_bytes'] / _GB:.1f}" + ("*" if rec["mem_tight"] else "")]
-        if shows_interval:
-            at = len(FIELDS) + 5  # after rank, the axes, order, micro-batch, options and s/iter
-            cells[at:at] = [_interval_text(rec), f"{rec['p_best']:.2f}" + ("=" if rec["tied"] else "")]
-        if tokens is not None:
-            cells += _cost_cells(r, rec["t_step_s"], tokens) if r.has_time(i) else ["-"] * 3
-        if infeasible:
-            cells.append(rec["reason"])
-        rows.append(cells)
-    if not rows:
-        return head + "\n(no rows)"
-    right = [True] * (len(LABELS) + 1) + [False, True, False] + [True] * (7 if shows_interval else 5) + \
-        [True] * (3 if tokens is not None else 0) + ([False] if infeasible else [])
-    foot = "\n" + (_INTERVAL_NOTE + "\n" if shows_interval else "") + _COLUMNS_NOTE
-    return head + "\n\n" + text_table(headers, rows, right) + foot
+        cols.append(("why infeasible", False, lambda r, i, n: str(r.row(i)["reason"])))
+    return cols
+
+
+def _axis_cell(field: str) -> Cell:
+    return lambda r, i, n: str(int(getattr(r.candidates, field)[i]))
+
+
+def _timed(fmt: Callable[[dict[str, Any]], str]) -> Cell:
+    return lambda r, i, n: fmt(r.row(i)) if r.has_time(i) else "-"
+
+
+def _memory_cell(r: Ranking, i: int, n: int) -> str:
+    rec = r.row(i)
+    return f"{rec['mem_need_bytes'] / _GB:.1f}" + ("*" if rec["mem_tight"] else "")
+
+
+def _cost_cell(tokens: int, k: int) -> Cell:
+    def cell(r: Ranking, i: int, n: int) -> str:
+        if not r.has_time(i):
+            return "-"
+        c = _run_cost(r, float(r.column("t_step_s")[i]), tokens)
+        return (f"{c.days:.1f}", f"{c.node_hours:,.0f}", f"{c.gpu_hours:,.0f}")[k]
+    return cell
+
+
+def _has_interval(r: Ranking, infeasible: bool) -> bool:
+    return "p_best" in r.prediction.columns and not infeasible
+
+
+def _layout_spelling(lay: Layout) -> str:
+    """Gx x Gy x Gz x Gdata with its rank order, always named: what --layout takes."""
+    return "x".join(str(v) for v in lay.sizes) + "/" + order_name(lay.order)
+
+
+def wrap(text: str, wide: bool = False) -> str:
+    """`text` folded to :data:`TABLE_WIDTH` columns (unless `wide`)."""
+    import textwrap
+
+    return text if wide else textwrap.fill(text, TABLE_WIDTH, break_on_hyphens=False)
+
+
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """'1 node', '2 nodes' (and a given irregular plural)."""
+    return f"{count} {noun if count == 1 else (plural_noun or noun + 's')}"
 
 
 def _interval_text(rec: dict[str, Any]) -> str:
@@ -94,48 +157,68 @@ def _interval_text(rec: dict[str, Any]) -> str:
     return "-" if low != low else f"{low:.3f}-{high:.3f}"
 
 
-_COLUMNS_NOTE = ("MFU: model flops (6·params·tokens + non-causal attention, no recompute: Megatron's and "
-                 "llm-foundry's count) over peak; HFU: the flops the kernels run; mem: per GPU with the reserve, "
-                 "* tight: the HBM is inside its 80% interval (docs/algorithm.md)")
+_LAYOUT_NOTE = ("layout: Gx x Gy x Gz x Gdata/tensor-parallel order (innermost first), as --layout takes it; "
+                "--wide shows the axes apart, HFU and the exposed communication")
+
+
+def _columns_note(wide: bool) -> str:
+    hfu = "; HFU: the flops the kernels run, recompute included" if wide else ""
+    return ("MFU: model flops (6·params·tokens + non-causal attention, no recompute: Megatron's and llm-foundry's "
+            f"count) over peak{hfu}; mem: GB per GPU with the reserve, * tight: the HBM is inside its 80% interval "
+            "(docs/algorithm.md)")
+
 
 _INTERVAL_NOTE = ("interval: central prediction interval (--level, default 80%); P(best): probability of being "
                   "fastest, from the machine's parameter spread and model error; '=' after P(best) marks layouts "
                   "tied with the best (docs/uncertainty.md)")
 
 
-def _cost_cells(r: Ranking, t_step_s: float, tokens: int) -> list[str]:
+def _run_cost(r: Ranking, t_step_s: float, tokens: int) -> Any:
     from axoplan.budget import run_cost
 
-    c = run_cost(tokens, r.options.global_batch, r.options.seq_len, t_step_s, r.world_size,
-                 r.machine.devices_per_node)
-    return [f"{c.days:.1f}", f"{c.node_hours:,.0f}", f"{c.gpu_hours:,.0f}"]
+    return run_cost(tokens, r.options.global_batch, r.options.seq_len, t_step_s, r.world_size,
+                    r.machine.devices_per_node)
 
 
-def _records(r: Ranking, rows: Sequence[int]) -> list[dict[str, Any]]:
+def _records(r: Ranking, rows: Sequence[int], tokens: int | None = None) -> list[dict[str, Any]]:
+    """Each row as a flat record: every column of the table (and more), missing values None."""
     out = []
     for n, i in enumerate(rows, start=1):
-        rec = {"rank": n, **r.row(i)}
-        out.append(rec)
+        rec: dict[str, Any] = {"rank": n, "layout": _layout_spelling(r.candidates.layout(i)), **r.row(i)}
+        if tokens is not None:
+            timed = r.has_time(i)
+            cost = _run_cost(r, rec["t_step_s"], tokens) if timed else None
+            rec |= {"tokens": tokens, "steps": cost.steps if cost else None, "nodes": cost.nodes if cost else None,
+                    "days": cost.days if cost else None, "node_hours": cost.node_hours if cost else None,
+                    "gpu_hours": cost.gpu_hours if cost else None}
+        out.append({k: _finite_or_none(v) for k, v in rec.items()})
     return out
 
 
-def format_csv(r: Ranking, rows: Sequence[int]) -> str:
-    records = _records(r, rows)
+def _finite_or_none(value: Any) -> Any:
+    """NaN and infinities become None: JSON null (strict parsers refuse NaN), an empty CSV cell."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_csv(r: Ranking, rows: Sequence[int], tokens: int | None = None) -> str:
+    records = _records(r, rows, tokens)
     buf = io.StringIO()
     if records:
-        writer = csv.DictWriter(buf, fieldnames=list(records[0]))
+        writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
     return buf.getvalue()
 
 
-def format_json(r: Ranking, rows: Sequence[int]) -> str:
+def format_json(r: Ranking, rows: Sequence[int], tokens: int | None = None) -> str:
     doc = {
         "model": r.model.model_dump(), "machine": r.machine.name, "world_size": r.world_size,
         "options": r.options.model_dump(mode="json"), "candidates": len(r.candidates),
-        "feasible": r.num_feasible, "rows": _records(r, rows),
+        "feasible": r.num_feasible, "tokens": tokens, "rows": _records(r, rows, tokens),
     }
-    return json.dumps(doc, indent=1) + "\n"
+    return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 
 
 def _sizes_label(lay: Layout) -> str:
@@ -143,17 +226,17 @@ def _sizes_label(lay: Layout) -> str:
     return " ".join(f"{a.label}={lay.size(a.name)}" for a in AXIS_DEFS) + f", order {order_name(lay.order)}"
 
 
-def format_explain(r: Ranking, i: int) -> str:
-    """Every collective, the compute and the memory of candidate i."""
+def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
+    """Every collective, the compute and the memory of candidate i (within 120 columns unless `wide`)."""
     rec = r.row(i)
     lay = r.candidates.layout(i)
     head = f"{r.model.name} on {r.world_size} x {r.machine.name}: layout {_sizes_label(lay)}, " \
            f"micro-batch {rec['micro_batch']}, {_options_label(rec)}"
     if not r.has_time(i):
-        return "\n".join([head, f"INFEASIBLE: {rec['reason']}; no step time is predicted for it", "",
+        return "\n".join([wrap(head, wide), f"INFEASIBLE: {rec['reason']}; no step time is predicted for it", "",
                           _memory_section(r, i)])
     lines = [
-        f"{head}, {rec['grad_accum']:.0f} micro-batches per step",
+        f"{head}, {plural(round(rec['grad_accum']), 'micro-batch', 'micro-batches')} per step",
         *([f"INFEASIBLE: {rec['reason']}"] if rec["reason"] else []),
         f"predicted {rec['t_step_s']:.4f} s/iter = compute {rec['t_compute_s']:.4f} s + exposed communication "
         f"{rec['t_comm_exposed_s']:.4f} s + compute lost to hidden communication {rec['t_interference_s']:.4f} s "
@@ -161,6 +244,7 @@ def format_explain(r: Ranking, i: int) -> str:
         f"{rec['t_host_idle_s']:.4f} s; MFU {rec['mfu']:.1f}%, HFU {rec['pct_peak']:.1f}% "
         f"({rec['tflops_per_gpu']:.1f} TFLOP/s per GPU run)",
     ]
+    lines = [wrap(line, wide) for line in lines]
     lines += ["", "Compute per step", text_table(["part", "seconds"], [
         ["GEMMs (all linear layers, fwd + recompute + bwd)", f"{rec['t_gemm_s']:.4f}"],
         ["attention and element-wise (redundant over X)", f"{rec['t_nongemm_s']:.4f}"],
@@ -170,7 +254,8 @@ def format_explain(r: Ranking, i: int) -> str:
         [f"waiting for the slowest of {r.world_size} GPUs (device.speed_variation)", f"{rec['t_straggler_s']:.4f}"],
         ["host-bound idle (the host issues ops slower than the device runs them)", f"{rec['t_host_idle_s']:.4f}"],
     ], [False, True])]
-    lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)", _collectives_table(r, i)]
+    lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)",
+              _collectives_table(r, i, wide)]
     lines += ["", _memory_section(r, i)]
     return "\n".join(lines)
 
@@ -190,7 +275,9 @@ def _memory_section(r: Ranking, i: int) -> str:
         [False, True])
 
 
-def _collectives_table(r: Ranking, i: int) -> str:
+def _collectives_table(r: Ranking, i: int, wide: bool = False) -> str:
+    """One row per collective of candidate i; `wide` adds the stride and the hidden seconds and spells the
+    placement out (by default a measured bandwidth is marked ``*``)."""
     from axoplan.cost.placement import place
 
     rows = []
@@ -206,10 +293,28 @@ def _collectives_table(r: Ranking, i: int) -> str:
                  f"{totals[1]:.4f}"])
     headers = ["layer", "phase", "collective", "axis", "size", "stride", "placement", "MB/call", "calls", "GB/s",
                "total s", "hidden s", "exposed s"]
-    note = ("\n(drain): the extra wait, once per micro-batch, for the first all-gather of the forward and the last "
-            "reduce-scatter of the backward, which no compute hides (docs/algorithm.md §5c)")
-    has_drain = any(row[2].endswith("(drain)") for row in rows)
-    return text_table(headers, rows, [False] * 4 + [True, True, False] + [True] * 6) + (note if has_drain else "")
+    right = [False] * 4 + [True, True, False] + [True] * 6
+    notes = []
+    if any(row[2].endswith("(drain)") for row in rows):
+        notes.append("drain: the extra wait, once per micro-batch, for the first all-gather of the forward and the "
+                     "last reduce-scatter of the backward, which no compute hides (docs/algorithm.md §5c)")
+    if not wide:
+        keep = [k for k, h in enumerate(headers) if h not in ("stride", "hidden s")]
+        measured = any(row[6].endswith(" (measured)") for row in rows)
+        for row in rows:
+            row[1] = _SHORT_PHASE.get(row[1], row[1])
+            row[2] = row[2].replace(" (drain)", " drain")
+            row[6] = row[6].replace(" (measured)", "*").replace(" + ", "+")
+        headers[headers.index("MB/call")] = "MB"
+        headers, right = [headers[k] for k in keep], [right[k] for k in keep]
+        rows = [[row[k] for k in keep] for row in rows]
+        if measured:
+            notes.append("placement*: bandwidth from the machine's measured table; --wide adds each group's stride "
+                         "and the hidden seconds")
+    return text_table(headers, rows, right) + "".join("\n" + wrap(n, wide) for n in notes)
+
+
+_SHORT_PHASE = {"forward": "fwd", "backward": "bwd"}
 
 
 def _collective_row(t: CollectiveTerm, i: int, calls: float, link: str) -> list[str]:

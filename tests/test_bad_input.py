@@ -180,6 +180,27 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("plot-scaling-under-file", (*PLOT_S, "-o", "afile/f.png"), "afile"),
     ("plot-scaling-unknown-model", ("plot", "scaling", "--models", "5B,7Q", "-o", "f.png"), "7Q"),
     ("plot-scaling-bad-gpus", ("plot", "scaling", "--gpus", "8,x", "-o", "f.png"), "--gpus"),
+    ("plot-scaling-no-models", ("plot", "scaling", "--models", "", "-o", "f.png"), "names no model"),
+    # --- plausible values (issue 23): absurd is an error naming field, unit and range ---
+    ("machine-nic-in-gbits", ("rank", "--model", "5B", "--gpus", "8", "--machine", "ndr-gbits.yaml"),
+     "did you give Gb/s? Divide by 8"),
+    ("machine-bool-for-number", ("rank", "--model", "5B", "--gpus", "8", "--machine", "bool.yaml"),
+     "'devices_per_node': expected a number"),
+    ("machine-peak-absurd", ("rank", "--model", "5B", "--gpus", "8", "--machine", "peak.yaml"),
+     "'device.peak_bf16_tflops' = 1000000000 TFLOP/s is outside"),
+    ("machine-million-devices", ("rank", "--model", "5B", "--gpus", "8", "--machine", "million.yaml"),
+     "outside 1-4096 devices"),
+    ("model-key-twice", ("rank", "--model", "model-twice.yaml", "--gpus", "8", "--machine", "dgx-h100"),
+     "key 'hidden' is given twice"),
+    ("gpus-beyond-machine", ("rank", "--model", "20B", "--gpus", "65536", "--machine", "perlmutter-80gb"),
+     "more than perlmutter-80gb has (256 nodes x 4 = 1024 GPUs)"),
+    ("tokens-absurd", (*RANK, "--tokens", "1e30"), "more than any training run could use"),
+    ("batch-absurd", (*RANK, "--global-batch", "99999999999"), "'global_batch' = 99999999999 sequences is outside"),
+    ("seq-len-absurd", (*RANK, "--seq-len", "100000000"), "'seq_len' = 100000000 tokens is outside"),
+    ("micro-batch-list-long", (*RANK, "--micro-batch", ",".join(map(str, range(1, 101)))), "at most 32 items"),
+    ("custom-model-absurd", ("rank", "--layers", "4", "--hidden", str(1 << 23), "--heads", "8", "--gpus", "8"),
+     "'hidden' = 8388608 features is outside"),
+    ("plan-contradicts-itself", ("run", "plan-nodes.json", "--local", "2"), "field 'nodes' is 7"),
 ]
 
 
@@ -216,22 +237,39 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (ws / "empty.jsonl").write_text("\n")
     (ws / "malformed.jsonl").write_text("{this is not a record\n")
     (ws / "columns.csv").write_text("machine,layers\nfrontier,4\n")
+    (ws / "ndr-gbits.yaml").write_text(_machine_yaml().replace("nic_bandwidth_gbs: 50", "nic_bandwidth_gbs: 400"))
+    (ws / "bool.yaml").write_text(_machine_yaml().replace("devices_per_node: 8", "devices_per_node: true"))
+    (ws / "peak.yaml").write_text(_machine_yaml(peak_bf16_tflops=1e9))
+    (ws / "million.yaml").write_text(_machine_yaml().replace("devices_per_node: 8", "devices_per_node: 1000000"))
+    (ws / "model-twice.yaml").write_text("num_layers: 4\nhidden: 1024\nhidden: 2048\nnum_heads: 16\n")
     done = run_cli(*TINY_EXPORT, "--out-dir", str(ws / "plans"))
     assert done.returncode == 0, done.stderr
     [plan] = (ws / "plans").glob("*/plan.json")
     shutil.copy(plan, ws / "plan.json")
     data = json.loads(plan.read_text())
     (ws / "wrongschema.json").write_text(json.dumps({**data, "schema_version": 99}))
+    (ws / "plan-nodes.json").write_text(json.dumps({**data, "nodes": 7}))
     records = (REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl").read_text().splitlines()
     as_frontier = [json.loads(line) for line in records[:12]]
-    for rec in as_frontier:
+    for rec in as_frontier:  # a CPU rehearsal of a frontier plan: the plan names frontier, its id follows
         rec["plan"]["machine"] = "frontier"
+        rec["plan_id"] = rec["plan"]["plan_id"] = _plan_id_of(rec["plan"])
     (ws / "cpu-as-frontier.jsonl").write_text("".join(json.dumps(r) + "\n" for r in as_frontier))
     by_plan: dict[str, str] = {}
     for line in records:
         by_plan.setdefault(json.loads(line)["plan_id"], line)
     (ws / "two-plans.jsonl").write_text("".join(line + "\n" for line in list(by_plan.values())[:2]))
     return ws
+
+
+def _plan_id_of(plan: dict) -> str:
+    from axoplan.model import ModelSpec
+    from axoplan.options import RunOptions
+    from axoplan.plan import LayoutSpec, plan_id
+
+    return plan_id(plan["machine"], ModelSpec.model_validate(plan["model"]), RunOptions.model_validate(plan["options"]),
+                   LayoutSpec.model_validate(plan["layout"]).to_layout(), plan["micro_batch"], plan["recompute"],
+                   plan["cache_weights"])
 
 
 def _snapshot(folder: Path) -> dict[str, str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from axoplan.layout import parse_layout
 from axoplan.machine import machines_dir
 from tests.conftest import run_cli
 
@@ -26,9 +27,23 @@ def test_rank_the_headline_command():
     rows = [ln.split() for ln in lines if ln.strip() and ln.split()[0].isdigit()]
     assert [row[0] for row in rows] == ["1", "2", "3", "4", "5"]
     for row in rows:
-        assert int(row[1]) * int(row[2]) * int(row[3]) * int(row[4]) == 32768
-    times = [float(row[8]) for row in rows]  # rank, 4 sizes, order, mbs, options, s/iter
+        assert parse_layout(row[1]).world_size == 32768  # the layout in --layout spelling
+    times = [float(row[4]) for row in rows]  # rank, layout, mbs, options, s/iter
     assert times == sorted(times)
+    assert max(len(line) for line in lines) <= 120  # fits 120 columns by default
+
+
+def test_rank_wide_shows_each_axis_hfu_and_exposed_communication():
+    r = run_cli("rank", "--model", "320B", "--gpus", "32768", "--machine", "frontier", "--top", "3", "--wide")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("rank"))
+    assert header.split()[:6] == ["rank", "Gx", "Gy", "Gz", "Gdata", "order"]
+    assert "HFU %" in header and "exposed comm s" in header
+    rows = [ln.split() for ln in lines if ln.strip() and ln.split()[0].isdigit()]
+    for row in rows:
+        assert int(row[1]) * int(row[2]) * int(row[3]) * int(row[4]) == 32768
+    assert max(len(line) for line in lines) > 120  # the head and the notes are not folded either
 
 
 def test_csv_and_json_formats_agree():

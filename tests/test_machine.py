@@ -60,7 +60,7 @@ def test_user_yaml_by_path(tmp_path: Path):
     (lambda d: d["device"].pop("hbm_gb"), "missing field 'device.hbm_gb'"),
     (lambda d: d["device"].update(peek_bf16_tflops=1.0), "did you mean 'peak_bf16_tflops'"),
     (lambda d: d["device"].update(hbm_gb="lots"), "'device.hbm_gb'"),
-    (lambda d: d["device"].update(peak_bf16_tflops=-3), "greater than 0"),
+    (lambda d: d["device"].update(peak_bf16_tflops=-3), "'device.peak_bf16_tflops' = -3 TFLOP/s is outside"),
     (lambda d: d.update(devices_per_node=0), "'devices_per_node'"),
     (lambda d: d["intra_node"]["link_classes"][0].update(pairs=[[0, 9]]), "pair (0, 9)"),
 ])

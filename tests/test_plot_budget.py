@@ -18,7 +18,8 @@ from tests.conftest import run_cli
 def _points() -> pd.DataFrame:
     """Hand-set step times, independent of the cost model: 8 GPUs 20 s, 16 GPUs 12 s, 32 GPUs 10 s, 64 none."""
     return pd.DataFrame({"model": ["m"] * 4, "gpus": [8, 16, 32, 64], "t_step_s": [20.0, 12.0, 10.0, math.nan],
-                         "tflops_per_gpu": [1.0, 1.0, 1.0, math.nan], "layout": ["a", "b", "c", ""]})
+                         "tflops_per_gpu": [1.0, 1.0, 1.0, math.nan], "mfu": [0.5, 0.5, 0.5, math.nan],
+                         "model_tflops_per_gpu": [1.0, 1.0, 1.0, math.nan], "layout": ["a", "b", "c", ""]})
 
 
 def test_scaling_costs_by_hand() -> None:

@@ -127,7 +127,7 @@ def test_suggest_picks_distinct_layouts_by_p_best_and_exports_them(tmp_path) -> 
     from tests.conftest import run_cli
 
     r = run_cli("suggest", "--model", "20B", "--gpus", "256", "--machine", "perlmutter", "-k", "4",
-                "--out-dir", str(tmp_path / "plans"))
+                "--out-dir", str(tmp_path / "plans"), "--format", "csv")
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     layouts = {(row["gx"], row["gy"], row["gz"], row["gdata"]) for row in rows}

@@ -28,6 +28,8 @@ def explain(
     layout: Annotated[str | None, typer.Option("--layout", "-l", help="Gx x Gy x Gz x Gdata, e.g. 8x2x512x4.")] = None,
     rank_: Annotated[int | None, typer.Option("--rank", "-r", min=1, help="Explain the layout ranked N.")] = None,
     tokens: TokensOpt = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column (group strides, hidden seconds), lines "
+                                       "unwrapped: wider than 120 characters.")] = False,
     run_options: RunOptions,
     model_flags: ModelFlags,
 ) -> None:
@@ -55,9 +57,10 @@ def explain(
     else:
         n = rank_ or 1
         if n > result.num_feasible:
-            raise AxoplanError(f"--rank {n} but only {result.num_feasible} layouts are feasible")
+            raise AxoplanError(f"--rank {n} but only {report.plural(result.num_feasible, 'layout')} "
+                               f"{'is' if result.num_feasible == 1 else 'are'} feasible")
         index = int(result.order[n - 1])
-    typer.echo(report.format_explain(result, index))
+    typer.echo(report.format_explain(result, index, wide))
     if tokens is not None and result.has_time(index):
         from axoplan.budget import cost_line, parse_tokens
 

@@ -139,8 +139,10 @@ class ModelFlags:
         from pydantic import ValidationError
 
         from axoplan.model import ModelSpec
+        from axoplan.plausible import MODEL_RANGES, check_plausible
         from axoplan.schema import describe_validation_error
 
+        check_plausible(overrides, MODEL_RANGES, "custom model")
         try:
             return ModelSpec.model_validate(overrides)
         except ValidationError as err:

@@ -31,7 +31,8 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the figure if
 
 def register(app: typer.Typer, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Add the ``plot`` command group to `app`, each command wrapped by `wrap` (the CLI's error handler)."""
-    group = typer.Typer(no_args_is_help=True, help="Draw predicted scaling and layout breakdowns (PNG/SVG/PDF).")
+    group = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="Draw predicted scaling and layout breakdowns (PNG/SVG/PDF).")
     group.command("scaling")(wrap(scaling))
     group.command("breakdown")(wrap(breakdown))
     group.command("intervals")(wrap(intervals))
@@ -63,10 +64,11 @@ def scaling(
     *,
     run_options: RunOptions,
 ) -> None:
-    """Predicted TFLOP/s per GPU and seconds per iteration against GPU count, for several
+    """Predicted model TFLOP/s per GPU (MFU) and seconds per iteration against GPU count, for several
     model sizes, using the best feasible layout at each count. With --tokens, a second row
     of panels shows days to train and node-hours, so you see where adding GPUs stops paying."""
     from axoplan.budget import parse_tokens
+    from axoplan.errors import AxoplanError
     from axoplan.machine import load_machine
     from axoplan.model import load_model
     from axoplan.validate import plots
@@ -75,7 +77,10 @@ def scaling(
     plots.check_figure_path(output, force)
     mach = load_machine(machine)
     specs = [load_model(name.strip()) for name in models.split(",") if name.strip()]
-    counts = _ints(gpus, "--gpus") if gpus else [mach.devices_per_node * 2**k for k in range(10)]
+    if not specs:
+        raise AxoplanError(f"--models {models!r} names no model; give presets or model YAMLs, e.g. 5B,20B,80B")
+    counts = _ints(gpus, "--gpus") if gpus else [mach.devices_per_node * 2**k for k in range(10)
+                                                  if mach.nodes is None or 2**k <= mach.nodes]
     opts = run_options
     points = plots.scaling_points(mach, specs, counts, opts)
     if n_tokens is not None:
@@ -90,10 +95,10 @@ def scaling(
 def _scaling_table(points: Any, costs: bool) -> str:
     from axoplan.report import text_table
 
-    head = ["model", "GPUs", "best layout", "s/iter", "TFLOP/s/GPU"] + (["days", "node-hours"] if costs else [])
+    head = ["model", "GPUs", "best layout", "s/iter", "MFU %"] + (["days", "node-hours"] if costs else [])
     rows = []
     for r in points.itertuples():
-        row = [r.model, str(r.gpus), r.layout or "none fits", f"{r.t_step_s:.4g}", f"{r.tflops_per_gpu:.1f}"]
+        row = [r.model, str(r.gpus), r.layout or "none fits", f"{r.t_step_s:.4g}", f"{r.mfu:.1f}"]
         if costs:
             row += [f"{r.days:.1f}", f"{r.node_hours:,.0f}"]
         rows.append(row)

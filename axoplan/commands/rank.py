@@ -38,6 +38,8 @@ def rank(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write ALL candidates (feasible or not, "
                                              "with reasons) to this .csv or .json file.")] = None,
     infeasible: Annotated[bool, typer.Option("--infeasible", help="Show infeasible rows and why.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Table: every column (the axes apart, HFU, exposed "
+                                       "communication), wider than 120 characters.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
     level: Annotated[float, typer.Option("--level", min=0.01, max=0.99, help="Central probability of the "
                                          "prediction interval (0.8: 10th-90th percentile).")] = 0.8,
@@ -77,7 +79,8 @@ def rank(
     result = with_intervals(do_rank(spec, mach, run_options, gpus), level=level)
     if out is not None:
         full = [int(i) for i in result.order]
-        text = report.format_json(result, full) if out.suffix == ".json" else report.format_csv(result, full)
+        text = (report.format_json(result, full, n_tokens) if out.suffix == ".json"
+                else report.format_csv(result, full, n_tokens))
         write_text_atomic(out, text, force=force)
     if result.num_feasible == 0 and not infeasible:
         raise AxoplanError(explain_infeasible(result))
@@ -85,10 +88,10 @@ def rank(
         top = min(top, rows_within_node_hours(result, n_tokens, max_node_hours))
     rows = report.selected_rows(result, top, infeasible)
     if fmt is Format.table:
-        typer.echo(report.format_table(result, top, infeasible, tokens=n_tokens))
+        typer.echo(report.format_table(result, top, infeasible, tokens=n_tokens, wide=wide))
     elif fmt is Format.csv:
-        typer.echo(report.format_csv(result, rows), nl=False)
+        typer.echo(report.format_csv(result, rows, n_tokens), nl=False)
     else:
-        typer.echo(report.format_json(result, rows), nl=False)
+        typer.echo(report.format_json(result, rows, n_tokens), nl=False)
     if out is not None:
         typer.echo(f"wrote all {len(result.candidates)} candidates to {out}", err=True)

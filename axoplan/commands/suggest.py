@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, shared_options
+from axoplan.commands.rank import Format
 
 if TYPE_CHECKING:
     from axoplan.options import RunOptions
@@ -29,9 +30,14 @@ def suggest(
     gpus: GpusOpt,
     machine: MachineOpt = "frontier",
     k: Annotated[int, typer.Option("-k", min=1, help="Layouts to suggest.")] = 4,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="Output format (csv and json carry every "
+                                        "column).")] = Format.table,
+    wide: Annotated[bool, typer.Option("--wide", help="Table: every column, wider than 120 characters.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Export the suggested layouts here.",
                                                  show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing plan.json / job.sh files.")] = False,
+    allow_partial_nodes: Annotated[bool, typer.Option(
+        "--allow-partial-nodes", help="With --out-dir: allow a GPU count that does not fill whole nodes.")] = False,
     run_options: RunOptions,
     model_flags: ModelFlags,
 ) -> None:
@@ -51,11 +57,18 @@ def suggest(
     source = with_intervals(ranked)
     chosen = suggest_indices(source, k)
     covered = float(source.prediction.columns["p_best"][chosen].sum())
-    typer.echo(report.format_csv(source, chosen), nl=False)
-    typer.echo(f"these {len(chosen)} layouts hold P(best) = {covered:.2f} together", err=True)
+    if fmt is Format.table:
+        typer.echo(report.format_table(source, len(chosen), rows=chosen, wide=wide))
+    elif fmt is Format.csv:
+        typer.echo(report.format_csv(source, chosen), nl=False)
+    else:
+        typer.echo(report.format_json(source, chosen), nl=False)
+    typer.echo(f"{'this layout holds' if len(chosen) == 1 else f'these {len(chosen)} layouts hold'} P(best) = "
+               f"{covered:.2f} together", err=True)
     if out_dir is not None:
         from axoplan.export import JobSettings, prepare_exports, write_exports
 
-        exports = prepare_exports(source, machine, len(chosen), JobSettings(), indices=chosen)
+        exports = prepare_exports(source, machine, len(chosen), JobSettings(allow_partial_nodes=allow_partial_nodes),
+                                  indices=chosen)
         write_exports(exports, out_dir, force)
         typer.echo(f"exported {len(exports)} suggested layouts to {out_dir}", err=True)

@@ -1,11 +1,12 @@
 """The CLI's error path: an AxoplanError (or a file error that escaped ``axoplan.fileio``) becomes one
-``axoplan: error: ...`` line and exit 2."""
+``axoplan: error: ...`` line and exit 2; a warning becomes one ``axoplan: warning: ...`` line."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import typer
 
@@ -22,7 +23,12 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("default")  # each distinct warning once
+                warnings.filterwarnings("ignore", category=DeprecationWarning)  # libraries' notes to developers
+                warnings.filterwarnings("ignore", category=PendingDeprecationWarning)
+                warnings.showwarning = _one_line
+                return fn(*args, **kwargs)
         except AxoplanError as err:
             typer.echo(f"axoplan: error: {err}", err=True)
             raise typer.Exit(2) from None
@@ -36,3 +42,14 @@ def user_errors(fn: F) -> F:
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+              file: TextIO | None = None, line: str | None = None) -> None:
+    """Show a warning as one line: axoplan's own (UserWarning) as they are; any other (a numerical
+    warning from numpy) with where it arose, since it means a bug to report."""
+    text = str(message).splitlines()[0] if str(message) else category.__name__
+    if not issubclass(category, UserWarning):
+        where = filename.replace("\\", "/").rsplit("/", 1)[-1]
+        text = f"{text} ({category.__name__} at {where}:{lineno}; please report it with the command)"
+    typer.echo(f"axoplan: warning: {text}", err=True)

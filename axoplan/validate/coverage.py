@@ -15,6 +15,7 @@ import numpy as np
 
 from axoplan.errors import AxoplanError
 from axoplan.machine import Machine
+from axoplan.report import plural
 from axoplan.validate.compare import PlanRuns, Predictor, aggregate, scenario_key
 from axoplan.validate.records import Measured
 
@@ -94,7 +95,7 @@ def _summary(plans: Sequence[PlanRuns], inside: np.ndarray, level: float) -> Cov
 
 def format_coverage(c: Coverage) -> str:
     """Overall and per-scenario coverage next to the nominal level, as text."""
-    lines = [f"\ninterval coverage: {c.covered:.0%} of {c.plans} plans inside their predicted "
+    lines = [f"\ninterval coverage: {c.covered:.0%} of {plural(c.plans, 'plan')} inside their predicted "
              f"{c.level:.0%} interval (nominal {c.level:.0%}; docs/uncertainty.md)"]
     lines += [f"  scenario {key}: {share:.0%} of {n}" for key, n, share in c.per_scenario]
     return "\n".join(lines)

@@ -156,18 +156,21 @@ def _interval_whiskers(ax: Axes, x: np.ndarray, ranking: Ranking, rows: list[int
 
 def scaling_points(machine: Machine, models: Sequence[ModelSpec], gpu_counts: Sequence[int],
                    options: RunOptions) -> pd.DataFrame:
-    """Best feasible prediction per (model, GPU count); NaN where nothing fits."""
+    """Best feasible prediction per (model, GPU count); NaN where nothing fits.
+
+    Throughput is in model flops (``mfu``, and ``model_tflops_per_gpu`` = MFU x peak: recompute not
+    counted, so a faster layout always shows more); ``tflops_per_gpu`` is the hardware flops the
+    kernels run (HFU's count)."""
     rows = []
+    peak = machine.device.peak_bf16_tflops
     for model in models:
         for gpus in gpu_counts:
             r = rank(model, machine, options, gpus)
             best = int(r.order[0]) if r.num_feasible else None
-            rows.append({
-                "model": model.name, "gpus": gpus,
-                "t_step_s": float(r.column("t_step_s")[best]) if best is not None else math.nan,
-                "tflops_per_gpu": float(r.column("tflops_per_gpu")[best]) if best is not None else math.nan,
-                "layout": str(r.candidates.layout(best)) if best is not None else "",
-            })
+            at = {k: float(r.column(k)[best]) if best is not None else math.nan
+                  for k in ("t_step_s", "mfu", "tflops_per_gpu")}
+            rows.append({"model": model.name, "gpus": gpus, **at, "model_tflops_per_gpu": at["mfu"] * peak / 100,
+                         "layout": str(r.candidates.layout(best)) if best is not None else ""})
     return pd.DataFrame(rows)
 
 
@@ -211,18 +214,19 @@ def cost_summary(points: pd.DataFrame, threshold: float = 0.75) -> list[str]:
 
 
 def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions, tokens: int | None = None) -> Figure:
-    """TFLOP/s per GPU and seconds per iteration against GPU count, one line per model; with `tokens`
-    (and `points` from :func:`scaling_costs`), a second row: days to train and node-hours."""
+    """Model TFLOP/s per GPU (MFU's count) and seconds per iteration against GPU count, one line per model;
+    with `tokens` (and `points` from :func:`scaling_costs`), a second row: days to train and node-hours."""
     rows = 1 if tokens is None else 2
     fig = Figure(figsize=(11.0, 4.5 * rows), layout="constrained")
     grid = fig.subplots(rows, 2, squeeze=False)
     left, right = grid[0]
     for model, sub in points.groupby("model", sort=False):
-        left.plot(sub["gpus"], sub["tflops_per_gpu"], marker="o", label=str(model))
+        left.plot(sub["gpus"], sub["model_tflops_per_gpu"], marker="o", label=str(model))
         right.plot(sub["gpus"], sub["t_step_s"], marker="o", label=str(model))
     peak = machine.device.peak_bf16_tflops
     left.axhline(peak, color="grey", lw=0.8, ls="--", label=f"peak {peak:g}")
-    left.set(xscale="log", xlabel="GPUs", ylabel="TFLOP/s per GPU (hardware flops)", ylim=(0, peak * 1.05))
+    left.set(xscale="log", xlabel="GPUs", ylabel="model TFLOP/s per GPU (MFU x peak; no recompute)",
+             ylim=(0, peak * 1.05))
     right.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="s / iteration (best layout)")
     if tokens is not None:
         _cost_panels(points, grid[1][0], grid[1][1], tokens, machine)

@@ -34,6 +34,7 @@ from axoplan.machine import Machine, load_machine
 from axoplan.model import ModelSpec
 from axoplan.options import RunOptions
 from axoplan.plan import LaunchConfig
+from axoplan.report import plural
 from axoplan.runs import read_runs
 from axoplan.schema import describe_validation_error
 
@@ -327,9 +328,11 @@ def machine_matches(recorded: str, machine: Machine, reference: str) -> bool:
 
 def check_machine(runs: Sequence[Measured], machine: Machine, reference: str, any_device: bool = False) -> None:
     """Refuse runs recorded on another machine than `machine` (name them, with their line), or on another
-    kind of device unless `any_device`."""
+    kind of device unless `any_device`. A CPU rehearsal of another machine's plan (backend gloo) belongs
+    to a CPU machine: it ran there, whatever machine its plan was made for."""
     for run in runs:
-        if not machine_matches(run.plan.machine, machine, reference):
+        rehearsal = _BACKEND_KIND.get(run.backend) == "cpu" == machine.device.kind  # a GPU plan run on CPU ranks
+        if not machine_matches(run.plan.machine, machine, reference) and not rehearsal:
             raise AxoplanError(f"{run.where}: run was recorded on machine {run.plan.machine!r}, not "
                                f"{machine.name!r}; validate or calibrate each machine with its own runs")
     if not any_device:
@@ -351,9 +354,9 @@ def check_device_kind(runs: Sequence[Measured], machine: Machine) -> None:
         on_gpu = _BACKEND_KIND[first.backend] == "gpu"
         ran_on = "GPUs" if on_gpu else "CPU ranks"
         other = "a GPU machine YAML" if on_gpu else "--machine local-cpu (or your CPU's YAML)"
-        raise AxoplanError(f"{first.where}: {len(wrong)} run(s) ran on {ran_on} ({first.backend}) but {machine.name} "
-                           f"describes {machine.device.kind.upper()} devices; validate them with {other}, or pass "
-                           f"--any-device to compare anyway")
+        raise AxoplanError(f"{first.where}: {plural(len(wrong), 'run')} ran on {ran_on} ({first.backend}) but "
+                           f"{machine.name} describes {machine.device.kind.upper()} devices; validate them with "
+                           f"{other}, or pass --any-device to compare anyway")
 
 
 def recorded_machine(runs: Sequence[Measured]) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from axoplan.report import text_table
+from axoplan.report import plural, text_table, wrap
 from axoplan.validate.calibrate import Calibration
 from axoplan.validate.compare import Summary, Validation
 
@@ -42,7 +42,7 @@ def format_summary(s: Summary) -> str:
         return "no plans"
     lines = [
         f"MAPE {_pct(s.mape_pct)} (median {_pct(s.median_ape_pct)}), worst {s.worst_pct:+.1f}% at {s.worst_where}, "
-        f"mean signed error {s.bias_pct:+.1f}% over {s.plans} plans ({s.runs} runs)",
+        f"mean signed error {s.bias_pct:+.1f}% over {plural(s.plans, 'plan')} ({plural(s.runs, 'run')})",
         f"ordering of all plans: Kendall tau {_num(s.kendall_tau)}, Spearman rho {_num(s.spearman_rho)}",
     ]
     if s.scenarios:
@@ -50,16 +50,18 @@ def format_summary(s: Summary) -> str:
                      f"tau {_num(s.scenario_tau)}; the measured best is predicted first in {s.best_predicted_first}"
                      f" and in the predicted top {s.top_k} in {s.best_in_top_k}")
     if s.scaling_groups:
-        lines.append(f"across GPU counts ({s.scaling_groups} groups of one model and sequence length): mean Kendall "
-                     f"tau of throughput per GPU {_num(s.scaling_tau)}")
-    lines.append(f"memory: {s.does_not_fit} of {s.plans} plans called 'does not fit' (all ran), {s.tight} tight")
-    return "\n".join(lines)
+        lines.append(f"across GPU counts ({plural(s.scaling_groups, 'group')} of one model and sequence length): "
+                     f"mean Kendall tau of throughput per GPU {_num(s.scaling_tau)}")
+    lines.append(f"memory: {s.does_not_fit} of {plural(s.plans, 'plan')} called 'does not fit' (all ran), "
+                 f"{s.tight} tight")
+    return "\n".join(wrap(line) for line in lines)
 
 
 def format_validation(v: Validation, rows: bool = True) -> str:
     """Per-plan table (unless `rows` is False) and the summary."""
     m = v.machine
-    head = f"{len(v.table)} plans measured on {m.name} ({m.devices_per_node} x {m.device.name}), predicted by axoplan"
+    head = (f"{plural(len(v.table), 'plan')} measured on {m.name} ({m.devices_per_node} x {m.device.name}), "
+            "predicted by axoplan")
     parts = [head]
     if rows:
         headers, cells = table_rows(v.table)
@@ -76,7 +78,7 @@ def format_calibration(c: Calibration) -> str:
     """What was fitted, and the error before and after on the training and held-out plans."""
     n_train, n_hold = c.train_before.plans, c.holdout_before.plans if c.holdout_before else 0
     held = f" ({n_hold} more held out, {c.holdout_fraction:.0%} by seed {c.seed})" if n_hold else " (none held out)"
-    head = f"calibrated {c.original.name} on {n_train} plans{held}"
+    head = f"calibrated {c.original.name} on {plural(n_train, 'plan')}{held}"
     params = text_table(["parameter", "before", "after", "±1σ", "note"], [
         [f.path, _value(f.before), _value(f.after), "n/a" if math.isnan(f.rel_sigma) else f"{100 * f.rel_sigma:.0f}%",
          "at its bound" if f.at_bound else ""] for f in c.fitted], [False, True, True, True, False])
@@ -100,7 +102,7 @@ def calibration_header(c: Calibration, sources: Sequence[str], machine_ref: str,
     n_hold = c.holdout_before.plans if c.holdout_before else 0
     lines = [
         f"Calibrated by `axoplan calibrate` on {when} from {', '.join(sources)}:",
-        f"fitted on {c.train_before.plans} plans"
+        f"fitted on {plural(c.train_before.plans, 'plan')}"
         + (f", {n_hold} held out ({c.holdout_fraction:.0%}, seed {c.seed})." if n_hold else ", none held out."),
         "Fitted parameters (before -> after, one-sigma relative uncertainty):",
     ]
