@@ -179,7 +179,7 @@ def _contradiction(plan: LaunchConfig) -> str | None:
                     f"take {steps} steps and the plan has {plan.nodes} nodes")
     ident = plan_id(plan.machine, plan.model, opts, lay.to_layout(), plan.micro_batch, plan.recompute,
                     plan.cache_weights)
-    if plan.plan_id != ident:
+    if plan.plan_id != ident and plan.plan_id not in _earlier_ids(plan):
         return (f"field 'plan_id' is {plan.plan_id!r}, but these fields have id {ident!r} (after an intended edit, "
                 f"set plan_id to {ident!r})")
     return None
@@ -189,14 +189,25 @@ _LATER_OPTIONS = ("tuned_gemm", "concurrent_z", "attention", "framework", "tp_or
 """Run options newer than the plan-id scheme: hashed only when not at their default."""
 
 
+def _earlier_ids(plan: LaunchConfig) -> set[str]:
+    """The ids versions before 2026-11-25 gave this plan: they hashed some later options even at their default."""
+    from itertools import combinations
+
+    names = [n for n in _LATER_OPTIONS if n != "tuned_gemm"]  # tuned_gemm was left out at its default from the start
+    subsets = [c for k in range(1, len(names) + 1) for c in combinations(names, k)]
+    return {plan_id(plan.machine, plan.model, plan.options, plan.layout.to_layout(), plan.micro_batch, plan.recompute,
+                    plan.cache_weights, hashed_defaults=s) for s in subsets}
+
+
 def plan_id(machine: str, model: ModelSpec, options: RunOptions, layout: Layout, micro_batch: int,
-            recompute: bool, cache_weights: bool) -> str:
+            recompute: bool, cache_weights: bool, hashed_defaults: tuple[str, ...] = ()) -> str:
     """Short stable hash of everything that defines a plan; runs and predictions join on it.
 
-    Options added later with their default left out, so earlier plans keep their ids."""
+    Options added later with their default left out, so earlier plans keep their ids (those
+    in `hashed_defaults` are hashed even at their default, as some earlier versions did)."""
     opts = options.model_dump(mode="json")
     for name in _LATER_OPTIONS:
-        if opts.get(name) == RunOptions.model_fields[name].default:
+        if name not in hashed_defaults and opts.get(name) == RunOptions.model_fields[name].default:
             opts.pop(name, None)
     key = json.dumps({
         "machine": machine, "model": model.model_dump(mode="json"), "options": opts,

@@ -58,7 +58,7 @@ def _fmt(v: float) -> str:
 
 _FRACTION = Range("(fraction)", (1e-3, 1.0), (0.05, 1.0))
 _LATENCY = Range("us", (1e-3, 1e6), (0.05, 1e4))
-_LINK = Range("GB/s", (1e-3, 1e5), (0.1, 1e4))
+_LINK = Range("GB/s", (1e-5, 1e5), (1e-3, 1e4))  # 1 MB/s: gloo between CPU ranks of a shared core
 
 MACHINE_RANGES: dict[str, Range] = {
     "devices_per_node": Range("devices", (1, 4096), (1, 144)),

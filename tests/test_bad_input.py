@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from axoplan.machine import machines_dir
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_cli_here
 
 VTRAIN = str(REPO / "data" / "measured" / "vtrain_a100_single_node_pp1.csv")
 CPU_RUNS = str(REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl")
@@ -285,8 +287,19 @@ def test_the_table_is_large_and_its_ids_unique() -> None:
 
 @pytest.mark.parametrize(("args", "fragment"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_bad_input_is_one_clean_line(workspace: Path, args: tuple[str, ...], fragment: str) -> None:
+    _check_case(workspace, args, fragment, run_cli_here)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "fragment"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_input_is_one_clean_line_from_a_fresh_process(workspace: Path, args: tuple[str, ...],
+                                                          fragment: str) -> None:
+    _check_case(workspace, args, fragment, run_cli)  # the console script itself, one interpreter per case
+
+
+def _check_case(workspace: Path, args: tuple[str, ...], fragment: str, runner: Callable[..., Any]) -> None:
     before = _snapshot(workspace)
-    done = run_cli(*args, cwd=workspace)
+    done = runner(*args, cwd=workspace)
     assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-2000:])
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr

@@ -189,7 +189,8 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_cli_refuses_a_corrupt_plan_without_a_record(tmp_path: Path) -> None:
     good = json.loads(tiny_plan(Layout(2, 1, 2, 1)).to_json())
     for text, message in (('{"schema_version": 1,', "not valid JSON at line 1"),
-                          (json.dumps({**good, "world_size": 8}), "layout 2x1x2x1 has 4 GPUs, world_size says 8"),
+                          (json.dumps({**good, "world_size": 8}),
+                           "field 'world_size' is 8, but layout 2x1x2x1 has 4 GPUs"),
                           (json.dumps({**good, "schema_version": 9}), "schema version 9 is not supported")):
         done = run_cli("run", str(_write(tmp_path, text)), "--local", "4")
         assert done.returncode == 2 and message in done.stderr, done.stderr

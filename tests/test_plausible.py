@@ -192,3 +192,17 @@ def test_the_cli_shows_a_warning_as_one_line_and_still_answers(tmp_path: Path):
         f"axoplan: warning: {path}: field 'inter_node.nic_bandwidth_gbs' = 150 GB/s per NIC is unusual (usually "
         "0.1-100 GB/s per NIC); no NIC is that fast (the fastest carry 800 Gb/s = 100 GB/s): did you give Gb/s? "
         "Divide by 8"]
+
+
+def test_a_plan_exported_by_an_earlier_version_keeps_its_id(plan_json: dict[str, Any]):
+    # versions of 2026-11 hashed options added after the id scheme (attention, framework, ...) even at their
+    # default; such a plan is still consistent, and the measured CPU runs keep the ids they were recorded with
+    from axoplan.plan import plan_id
+
+    plan = LaunchConfig.from_dict(plan_json)
+    earlier = plan_id(plan.machine, plan.model, plan.options, plan.layout.to_layout(), plan.micro_batch,
+                      plan.recompute, plan.cache_weights, hashed_defaults=("concurrent_z", "attention", "framework"))
+    assert earlier != plan.plan_id
+    assert LaunchConfig.from_dict({**plan_json, "plan_id": earlier}).plan_id == earlier
+    with pytest.raises(AxoplanError, match="field 'plan_id'"):
+        LaunchConfig.from_dict({**plan_json, "plan_id": "0123456789ab"})

@@ -6,13 +6,14 @@ import re
 import subprocess
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from axoplan.export import JobSettings, render_job_script
 from axoplan.export.script import queue_choice
 from axoplan.layout import Layout
-from axoplan.machine import load_machine, shipped_machines
+from axoplan.machine import load_machine, machines_dir, shipped_machines
 from axoplan.model import PRESETS
 from axoplan.options import RunOptions
 from axoplan.plan import LaunchConfig, PredictedStep
@@ -110,8 +111,17 @@ def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: 
 
 
 def test_export_warns_when_no_queue_holds_the_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # Perlmutter's regular QOS lists 1,536 GPU nodes; 8,192 GPUs / 4 = 2,048 nodes fits no queue
-    res = run_cli("export", "--model", "320B", "--gpus", "8192", "--machine", "perlmutter", "-n", "1",
+    # Perlmutter's regular QOS lists 1,536 GPU nodes; 8,192 GPUs / 4 = 2,048 nodes fits no queue. Perlmutter has
+    # 1,536 such nodes, so the GPU count is refused there; a copy without 'nodes' (a larger machine, as the
+    # refusal advises) with the same queues is exported with a warning
+    refused = run_cli("export", "--model", "320B", "--gpus", "8192", "--machine", "perlmutter", "-n", "1",
+                      "-o", str(tmp_path / "ex"))
+    assert refused.returncode == 2 and "without 'nodes'" in refused.stderr
+    data = yaml.safe_load((machines_dir() / "perlmutter.yaml").read_text())
+    del data["nodes"]
+    bigger = tmp_path / "perlmutter.yaml"
+    bigger.write_text(yaml.safe_dump(data))
+    res = run_cli("export", "--model", "320B", "--gpus", "8192", "--machine", str(bigger), "-n", "1",
                   "-o", str(tmp_path / "ex"))
     assert res.returncode == 0, res.stderr
     assert "warning: no queue of perlmutter holds 2048 nodes" in res.stderr

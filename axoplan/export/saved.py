@@ -56,6 +56,8 @@ class _SavedFile(Frozen):
     options: RunOptions
     candidates: int = 0
     feasible: int = 0
+    tokens: int | None = Field(None, description="`rank --tokens`: the rows' days, node_hours and gpu_hours "
+                               "are for it.")
     rows: tuple[SavedRow, ...]
 
 

@@ -3,7 +3,7 @@
 # layout Gx=4 Gy=4 Gz=4 Gdata=4, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=4 G_intra_r=4 G_intra_c=4 G_intra_d=4)
 # micro-batch 1, no recompute, cached weights, 128 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 9.000 s/iteration x 100 iterations + 10 min margin = wall time 00:25:00
-# plan f0e88a83f66e; its launch config is plan.json, next to this script
+# plan 63b83e27aae7; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH --account=<ACCOUNT>
 #SBATCH --partition=normal
@@ -40,7 +40,7 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=f0e88a83f66e
+export AXOPLAN_PLAN_ID=63b83e27aae7
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=4
 export AXOPLAN_G_INTRA_R=4

@@ -3,7 +3,7 @@
 # layout Gx=8 Gy=1 Gz=4 Gdata=4, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=4 G_intra_r=1 G_intra_c=8 G_intra_d=4)
 # micro-batch 2, no recompute, cached weights, 64 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 20.000 s/iteration x 100 iterations + 10 min margin = wall time 00:44:00
-# plan 82eef6212cd7; its launch config is plan.json, next to this script
+# plan ef3cea44b552; its launch config is plan.json, next to this script
 # run from this folder on each of the 16 nodes at once:
 #   MASTER_ADDR=<first node> bash job.sh
 
@@ -21,7 +21,7 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=82eef6212cd7
+export AXOPLAN_PLAN_ID=ef3cea44b552
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=4
 export AXOPLAN_G_INTRA_R=1

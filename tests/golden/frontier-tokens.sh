@@ -4,7 +4,7 @@
 # micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 7.250 s/iteration x 11834 iterations + 10 min margin = wall time 24:00:00
 # time to train 300B tokens: 71,526 steps, 6.0 days on 32 nodes = 4,609 node-hours (36,876 GPU-hours)
-# plan 443f18f27ff2; its launch config is plan.json, next to this script
+# plan 9fe3cd6cf747; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>
 #SBATCH -p extended
@@ -55,7 +55,7 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=443f18f27ff2
+export AXOPLAN_PLAN_ID=9fe3cd6cf747
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=8
 export AXOPLAN_G_INTRA_R=1

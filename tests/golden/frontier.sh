@@ -3,7 +3,7 @@
 # layout Gx=4 Gy=8 Gz=512 Gdata=2, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=2 G_intra_r=8 G_intra_c=4 G_intra_d=512)
 # micro-batch 1, no recompute, cached weights, 2 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 12.500 s/iteration x 100 iterations + 20.24 min margin = wall time 00:42:00
-# plan 6148934a947a; its launch config is plan.json, next to this script
+# plan 43f25abb44d1; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>
 #SBATCH -p batch
@@ -60,7 +60,7 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=6148934a947a
+export AXOPLAN_PLAN_ID=43f25abb44d1
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=2
 export AXOPLAN_G_INTRA_R=8

@@ -3,7 +3,7 @@
 # layout Gx=4 Gy=1 Gz=8 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
 # micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 7.250 s/iteration x 100 iterations + 10 min margin = wall time 00:23:00
-# plan f18c9a1c9d47; its launch config is plan.json, next to this script
+# plan bbb19724dd55; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>
 #SBATCH -C gpu&hbm80g
@@ -44,7 +44,7 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=f18c9a1c9d47
+export AXOPLAN_PLAN_ID=bbb19724dd55
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=8
 export AXOPLAN_G_INTRA_R=1

@@ -3,7 +3,7 @@
 # layout Gx=4 Gy=1 Gz=64 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=64)
 # micro-batch 1, no recompute, cached weights, 4 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 3.500 s/iteration x 100 iterations + 11.28 min margin = wall time 00:18:00
-# plan 845cbc1599fc; its launch config is plan.json, next to this script
+# plan 9c2f37839139; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A m1234_g
 #SBATCH -C gpu
@@ -47,7 +47,7 @@ if [ ! -f "$AXOPLAN_PLAN" ]; then
     echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
     exit 1
 fi
-export AXOPLAN_PLAN_ID=845cbc1599fc
+export AXOPLAN_PLAN_ID=9c2f37839139
 export AXOPLAN_G_INTER=1
 export AXOPLAN_G_DATA=8
 export AXOPLAN_G_INTRA_R=1
