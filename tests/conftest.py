@@ -75,3 +75,10 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "axoplan"]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=cwd or REPO,
                           env={**os.environ, **(env or {})}, timeout=300)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that spawns torch.distributed processes belongs to the slow tier (`pytest -m slow`)."""
+    for item in items:
+        if item.get_closest_marker("distributed") is not None:
+            item.add_marker(pytest.mark.slow)

@@ -11,11 +11,13 @@ import pytest
 from axoplan.errors import AxoplanError
 from axoplan.export.job import parse_walltime
 from axoplan.plan import LaunchConfig
+from tests.conftest import run_cli
 from tests.test_export import assert_user_error, cli, parse_sbatch
 
 # 20B on 64 Frontier GCDs = 8 nodes; global batch 2048 x 2048 = 4,194,304 tokens per step
+# with --tokens and no --command the scripts run axoplan's benchmark: --benchmark says it is meant
 _BASE = ("export", "--model", "20B", "--gpus", "64", "--machine", "frontier", "-n", "1", "--account", "abc",
-         "--python-env", "/env")
+         "--python-env", "/env", "--benchmark")
 
 
 def _export(tmp_path: Path, *args: str) -> tuple[str, LaunchConfig, str]:
@@ -77,7 +79,7 @@ def test_export_time_overrides_the_queue_wall_time(tmp_path: Path) -> None:
 def test_export_time_over_the_queue_limit_warns_once(tmp_path: Path) -> None:
     script, _, out = _export(tmp_path, "--iterations", "2000", "--time", "1-06:00:00")
     assert parse_sbatch(script)["time"] == "30:00:00"
-    warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
+    warnings = [ln for ln in out.splitlines() if ln.startswith("warning:") and "(--benchmark)" not in ln]
     assert warnings == [ln for ln in warnings if "exceeds queue extended's limit of 24:00:00" in ln]
     assert len(warnings) == 1
 
@@ -119,10 +121,38 @@ def test_export_tokens_from_a_saved_ranking(tmp_path: Path) -> None:
             "--seq-len", "1024", "--out", str(saved))
     assert r.returncode == 0, r.stderr
     out = tmp_path / "ex"
-    r = cli("export", "--ranking", str(saved), "-n", "1", "-o", str(out), "--tokens", "1M")
+    r = cli("export", "--ranking", str(saved), "-n", "1", "-o", str(out), "--tokens", "1M", "--benchmark")
     assert r.returncode == 0, r.stderr
     (folder,) = out.iterdir()
     plan = LaunchConfig.load(folder / "plan.json")
     # the saved ranking's batch: 1e6 / (64 x 1024 = 65,536) = 15.26 -> 16 steps, on 16 / 4 = 4 nodes
     assert plan.training is not None and (plan.training.steps, plan.training.nodes) == (16, 4)
     assert "export AXOPLAN_ITERATIONS=16" in (folder / "job.sh").read_text()
+
+
+def test_a_long_export_without_a_command_is_refused_saying_what_it_would_spend(tmp_path: Path) -> None:
+    # 300B tokens of 20B on 64 GCDs: 71,526 steps; without --command the scripts would run the benchmark
+    args = ("export", "--model", "20B", "--gpus", "64", "--machine", "frontier", "-n", "1", "--tokens", "300B")
+    refused = run_cli(*args, "-o", str(tmp_path / "a"))
+    assert refused.returncode == 2 and not (tmp_path / "a").exists()
+    line = refused.stderr.strip()
+    assert line.count("\n") == 0 and "71,526 iterations of axoplan's synthetic benchmark, not training" in line
+    assert "--command" in line and "--benchmark" in line
+    # with a training command it trains; with --benchmark it runs the benchmark and says so, on screen and in the script
+    trained = run_cli(*args, "-o", str(tmp_path / "b"), "--command", "python train.py")
+    assert trained.returncode == 0, trained.stderr
+    assert "BENCHMARK" not in next((tmp_path / "b").glob("*/job.sh")).read_text()
+    meant = run_cli(*args, "-o", str(tmp_path / "c"), "--benchmark")
+    assert meant.returncode == 0, meant.stderr
+    assert "warning: these job scripts run the benchmark (--benchmark); rank 1: 71,526 iterations" in meant.stderr
+    script = next((tmp_path / "c").glob("*/job.sh")).read_text()
+    assert "# BENCHMARK, NOT TRAINING: this job runs 71,526 iterations" in script
+    both = run_cli(*args, "-o", str(tmp_path / "d"), "--benchmark", "--command", "python train.py")
+    assert both.returncode == 2 and "give one" in both.stderr
+
+
+def test_a_short_benchmark_export_needs_no_flag(tmp_path: Path) -> None:
+    done = run_cli("export", "--model", "20B", "--gpus", "64", "--machine", "frontier", "-n", "1",
+                   "-o", str(tmp_path / "a"))
+    assert done.returncode == 0, done.stderr
+    assert "BENCHMARK" not in next((tmp_path / "a").glob("*/job.sh")).read_text()

@@ -67,7 +67,7 @@ def test_no_queue_for_node_count() -> None:
 def test_export_chained_script_submits_the_next_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "ex"
     res = run_cli("export", "--model", "5B", "--gpus", "8", "--machine", "frontier", "-n", "1", "-o", str(out),
-                  "--iterations", "2000", "--account", "abc123", "--python-env", "/env")
+                  "--iterations", "2000", "--benchmark", "--account", "abc123", "--python-env", "/env")
     assert res.returncode == 0, res.stderr
     (script,) = out.glob("*/job.sh")
     text = script.read_text()

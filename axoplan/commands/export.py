@@ -64,6 +64,9 @@ def export(
     command: Annotated[str | None, typer.Option(
         "--command", help="Launch your own training command instead of `python -m axoplan run plan.json`; it gets "
                           "the layout as AXOPLAN_* variables (docs/export.md).", show_default=False)] = None,
+    benchmark: Annotated[bool, typer.Option(
+        "--benchmark", help="With --tokens or a chain of jobs and no --command: run axoplan's synthetic benchmark "
+                            "knowingly (otherwise refused; the scripts and the screen say what it spends).")] = False,
     allow_partial_nodes: Annotated[bool, typer.Option(
         "--allow-partial-nodes", help="Allow a GPU count that does not fill whole nodes.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing plan.json / job.sh files.")] = False,
@@ -80,12 +83,14 @@ def export(
     """
     from axoplan.budget import parse_tokens
     from axoplan.export import prepare_exports, summary, write_exports
+    from axoplan.export.exporter import benchmark_note
     from axoplan.export.job import parse_walltime
 
     site = {"account": account, "partition": partition, "qos": qos, "python_env": python_env,
             "container": container}
     n_tokens = parse_tokens(tokens) if tokens is not None else None
     settings = _settings(iterations=iterations or 100, margin_minutes=margin_minutes, command=command,
+                         benchmark=benchmark,
                          allow_partial_nodes=allow_partial_nodes, site=site, tokens=n_tokens,
                          walltime_override_s=parse_walltime(time) if time is not None else None)
     if ranking is not None:
@@ -109,6 +114,8 @@ def export(
         typer.echo(f"rank 1: {describe_cost(exports[0].plan.training)}; each plan.json records its own")
     for note in _notes(launcher, settings, site, len(exports), top):
         typer.echo(f"note: {note}", err=True)
+    if (spent := benchmark_note(exports, source.machine, settings)) is not None:
+        typer.echo(f"warning: {spent}", err=True)
     _warnings(exports, source.machine, settings)
 
 

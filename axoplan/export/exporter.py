@@ -19,12 +19,12 @@ from axoplan.errors import AxoplanError
 from axoplan.export.files import NewFile, write_all_or_nothing
 from axoplan.export.job import JobSettings
 from axoplan.export.saved import SavedRanking
-from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, job_values, render_job_script
+from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, benchmark_spend, job_values, render_job_script
 from axoplan.plan import LaunchConfig, plan_from_ranking
 from axoplan.ranking import Ranking
 
 __all__ = ["ExportedPlan", "folder_label", "prepare_exports", "with_training", "write_exports", "top_indices",
-           "summary"]
+           "summary", "benchmark_note"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +57,26 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
     out = []
     for n, i in enumerate(indices, start=1):
         plan = _checked_plan(source, i, machine_ref, settings.tokens)
+        _refuse_unmeant_benchmark(plan, source.machine, settings)
         folder = f"{n:0{width}d}-{folder_label(plan)}"
         script = render_job_script(plan, source.machine, settings, folder, n)
         values = job_values(plan, source.machine, settings, folder)
         out.append(ExportedPlan(n, folder, plan, script, int(values["nodes"]), values["walltime"]))
     return out
+
+
+def _refuse_unmeant_benchmark(plan: LaunchConfig, machine: Any, settings: JobSettings) -> None:
+    """A long export without --command would spend an allocation on the benchmark: only with --benchmark."""
+    spend = benchmark_spend(plan, machine, settings)
+    if spend is not None and not settings.benchmark:
+        raise AxoplanError(f"without --command, layout {plan.layout.to_layout()} would run {spend}; give --command "
+                           "'python train.py ...' to train, or --benchmark to run the benchmark knowingly")
+
+
+def benchmark_note(exports: list[ExportedPlan], machine: Any, settings: JobSettings) -> str | None:
+    """The screen line of an export --benchmark: what rank 1's jobs run and spend."""
+    spend = benchmark_spend(exports[0].plan, machine, settings) if exports else None
+    return None if spend is None else f"these job scripts run the benchmark (--benchmark); rank 1: {spend}"
 
 
 def folder_label(plan: LaunchConfig) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-from pydantic import Field, PositiveInt, ValidationInfo, field_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from axoplan.errors import AxoplanError
 from axoplan.launcher import SITE_VALUES, LauncherSpec, placeholder_text
@@ -82,6 +82,8 @@ class JobSettings(Frozen):
         None, description="Wall time per job from --time, replacing the predicted (and queue-chosen) one.")
     margin_minutes: float = Field(10.0, ge=0, description="Minutes added to the predicted run time (start-up).")
     command: str | None = Field(None, description="The user's own training command instead of the executor.")
+    benchmark: bool = Field(False, description="A long export (--tokens, or a chain of jobs) runs axoplan's "
+                            "synthetic benchmark knowingly, with no --command (export --benchmark).")
     allow_partial_nodes: bool = Field(False, description="Allow a GPU count that does not fill whole nodes.")
     site: SiteSettings = Field(default_factory=SiteSettings)
 
@@ -96,6 +98,12 @@ class JobSettings(Frozen):
                 raise ValueError(f"--command is one command and its arguments, launched in every task; {problem}. "
                                  f"Put anything more in a script and pass --command 'bash my-script.sh'")
         return v
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> JobSettings:
+        if self.benchmark and self.command is not None:
+            raise ValueError("--benchmark runs axoplan's synthetic benchmark and --command your own; give one")
+        return self
 
 
 _OPERATORS = set(";&|<>()")

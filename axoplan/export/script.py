@@ -130,6 +130,24 @@ def time_warning(plan: LaunchConfig, machine: Machine, settings: JobSettings) ->
     return None
 
 
+def benchmark_spend(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> str | None:
+    """What a long export of the built-in benchmark spends, as a phrase; None for a short test or a --command.
+
+    Long: --tokens, or a run the queues split into chained jobs. Node-hours are the run's
+    (nodes x iterations x predicted s/iter; with --tokens, the plan's training cost)."""
+    if settings.command is not None or plan.prediction is None:
+        return None
+    choice = queue_choice(plan, machine, settings)
+    jobs = choice.jobs if choice is not None else 1
+    if settings.tokens is None and jobs == 1:
+        return None
+    nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
+    node_hours = nodes * settings.iterations * plan.prediction.t_step_s / 3600
+    return (f"{settings.iterations:,} iterations of axoplan's synthetic benchmark, not training: "
+            f"{jobs} job{'s' if jobs > 1 else ''} on {nodes:,} node{'s' if nodes > 1 else ''}, about "
+            f"{node_hours:,.0f} node-hours")
+
+
 def job_margin(machine: Machine, nodes: int, settings: JobSettings) -> float:
     """Start-up margin in minutes: --margin-minutes, plus the staging term when the job is staged."""
     return margin_minutes(require_launcher(machine).staging, nodes, settings.margin_minutes)
@@ -199,6 +217,8 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"{predicted} = wall time {values['walltime']}" if settings.walltime_override_s is None
         else f"{predicted}; wall time {values['walltime']} from --time",
         *([f"# {describe_cost(plan.training)}"] if plan.training is not None else []),
+        *([f"# BENCHMARK, NOT TRAINING: this job runs {spend}"]
+          if (spend := benchmark_spend(plan, machine, settings)) is not None else []),
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
     if require_launcher(machine).scheduler == "slurm":

@@ -4,6 +4,7 @@
 # micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 7.250 s/iteration x 11834 iterations + 10 min margin = wall time 24:00:00
 # time to train 300B tokens: 71,526 steps, 6.0 days on 32 nodes = 4,609 node-hours (36,876 GPU-hours)
+# BENCHMARK, NOT TRAINING: this job runs 71,526 iterations of axoplan's synthetic benchmark, not training: 7 jobs on 32 nodes, about 4,609 node-hours
 # plan 9fe3cd6cf747; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>
