@@ -161,6 +161,39 @@ def test_a_signal_to_a_local_run_ends_every_rank(tmp_path: Path, sig: signal.Sig
     assert not (tmp_path / "runs.jsonl").exists()
 
 
+@pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_a_signal_to_a_local_probe_ends_every_rank_and_writes_nothing(tmp_path: Path) -> None:
+    name, value = "AXOPLAN_TEST_MARKER", uuid.uuid4().hex
+    marker = f"{name}={value}"
+    log, out = tmp_path / "stderr.txt", tmp_path / "probe.yaml"
+    with log.open("w") as err:  # 10,000 repeats of a 1024-cube GEMM: minutes, far longer than the test waits
+        proc = subprocess.Popen([*axoplan_cmd(), "probe", "-o", str(out), "--local", "2", "--machine", "local-cpu",
+                                 "--gemm-sizes", "1024", "--repeats", "10000"], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, name: value})
+    try:
+        deadline = time.monotonic() + 90
+        while len(marked_processes(marker)) < 3:  # the parent and its 2 ranks
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        time.sleep(2.0)  # into the measurement
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        gone_by = time.monotonic() + 5
+        while marked_processes(marker) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        assert marked_processes(marker) == []
+    finally:
+        kill_all(marked_processes(marker))
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 128 + signal.SIGTERM, log.read_text()
+    errors = [ln for ln in log.read_text().splitlines() if ln.startswith("axoplan: error:")]
+    assert errors == ["axoplan: error: probe interrupted by SIGTERM; stopped all 2 local ranks; nothing written"]
+    assert not out.exists()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -143,15 +143,18 @@ def _orientations(text: str | None, plan: bool) -> tuple[str, ...]:
 
 def _probe_local(config: Any, ranks: int) -> Any:
     from axoplan.executor.fragment import ProbeResult
-    from axoplan.executor.launch import LocalCluster, RankFailure
+    from axoplan.executor.launch import Interrupted, LocalCluster, RankFailure
 
     typer.echo(f"probing with {ranks} local ranks", err=True)
     try:
-        with LocalCluster(ranks, timeout_s=config.timeout_s, device=config.device) as cluster:
+        with LocalCluster(ranks, timeout_s=config.timeout_s, device=config.device, stop_on_signals=True) as cluster:
             results = cluster.run("axoplan.executor.probe:probe_task", config.model_dump_json())
     except RankFailure as failure:
         typer.echo(f"axoplan: error: probe failed: {failure}; nothing written", err=True)
         raise typer.Exit(1) from None
+    except Interrupted as stop:  # SIGINT / SIGTERM: every rank is gone, as for `axoplan run`
+        typer.echo(f"axoplan: error: probe {stop}; nothing written", err=True)
+        raise typer.Exit(128 + stop.signum) from None
     return ProbeResult.model_validate_json(results[0])
 
 

@@ -175,7 +175,7 @@ def _run_local(config: Any, settings: Any, ranks: int) -> str:
         typer.echo(f"axoplan: error: run failed: {failure}; no record written", err=True)
         raise typer.Exit(1) from None
     except Interrupted as stop:  # SIGINT / SIGTERM: every rank is gone; exit as a shell reports the signal
-        typer.echo(f"axoplan: error: {stop}; no record written", err=True)
+        typer.echo(f"axoplan: error: run {stop}; no record written", err=True)
         raise typer.Exit(128 + stop.signum) from None
     return str(results[0])
 

@@ -63,7 +63,7 @@ class Interrupted(AxoplanError):
 
     def __init__(self, signum: int, ranks: int) -> None:
         self.signum, self.ranks = signum, ranks
-        super().__init__(f"run interrupted by {signal_name(signum)}; stopped all {ranks} local rank"
+        super().__init__(f"interrupted by {signal_name(signum)}; stopped all {ranks} local rank"
                          f"{'s' if ranks != 1 else ''}")
 
 

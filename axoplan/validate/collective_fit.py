@@ -16,6 +16,7 @@ least-squares problem with a closed-form solution. The result is one
 from __future__ import annotations
 
 import csv
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,9 +67,11 @@ def read_nccl_tests_csv(path: Path) -> tuple[Floats, Floats]:
 
     This is the layout of vTrain's all-reduce tables (``size(B),count,type,time(ns),...``).
     """
+    from axoplan.fileio import read_text
+
+    text = read_text(path, "nccl-tests CSV")  # a device or FIFO is refused, not read forever
     try:
-        with path.open(newline="") as f:
-            rows = list(csv.reader(f))[1:]
+        rows = list(csv.reader(io.StringIO(text, newline="")))[1:]
         nbytes = np.array([float(r[0]) for r in rows])
         seconds = np.array([float(r[3]) * 1e-9 for r in rows])
     except (OSError, IndexError, ValueError) as err:
