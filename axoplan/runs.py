@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import Field, PositiveInt, ValidationError
+from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError
 from axoplan.plan import LaunchConfig
@@ -50,6 +50,16 @@ class MeasuredRun(Frozen):
     world_size: PositiveInt
     nodes: PositiveInt = 1
     source: str = Field("axoplan-executor", description="What produced the record.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MeasuredRun:
+        """A hand-edited record must not contradict its own plan."""
+        if self.plan_id != self.plan.plan_id:
+            raise ValueError(f"field 'plan_id' is {self.plan_id!r}, but its plan's is {self.plan.plan_id!r}")
+        if self.world_size != self.plan.world_size:
+            raise ValueError(f"field 'world_size' is {self.world_size}, but its plan's layout has "
+                             f"{self.plan.world_size} GPUs")
+        return self
 
 
 def append_run(path: Path, run: MeasuredRun) -> None:

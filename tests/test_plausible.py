@@ -206,3 +206,20 @@ def test_a_plan_exported_by_an_earlier_version_keeps_its_id(plan_json: dict[str,
     assert LaunchConfig.from_dict({**plan_json, "plan_id": earlier}).plan_id == earlier
     with pytest.raises(AxoplanError, match="field 'plan_id'"):
         LaunchConfig.from_dict({**plan_json, "plan_id": "0123456789ab"})
+
+
+@pytest.mark.parametrize(("edit", "expect"), [
+    (lambda r: r.update(plan_id="0123456789ab"), "field 'plan_id' is '0123456789ab', but its plan's is"),
+    (lambda r: r.update(world_size=r["world_size"] * 2), "field 'world_size' is"),
+    (lambda r: r["plan"].update(nodes=99), "(its plan): field 'nodes' is 99"),
+])
+def test_a_run_record_that_contradicts_itself_is_refused_naming_the_field(tmp_path: Path, edit, expect: str):
+    from tests.conftest import REPO
+
+    record = json.loads((REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl").read_text().splitlines()[0])
+    edit(record)
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    done = run_cli("validate", str(path))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"{path}:1" in done.stderr and expect in done.stderr, done.stderr
