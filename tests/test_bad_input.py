@@ -203,6 +203,15 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("custom-model-absurd", ("rank", "--layers", "4", "--hidden", str(1 << 23), "--heads", "8", "--gpus", "8"),
      "'hidden' = 8388608 features is outside"),
     ("plan-contradicts-itself", ("run", "plan-nodes.json", "--local", "2"), "field 'nodes' is 7"),
+    ("record-contradicts-its-plan", ("validate", "record-world.jsonl"), "field 'world_size' is"),
+    # --- long exports of the benchmark, inputs that never end, values that would change a script (issue 23) ---
+    ("export-tokens-without-command", (*EXPORT, "--tokens", "300B", "-o", "fresh"),
+     "synthetic benchmark, not training"),
+    ("export-benchmark-and-command", (*EXPORT, "--benchmark", "--command", "python train.py", "-o", "fresh"),
+     "give one"),
+    ("machine-is-a-device", ("rank", "--model", "5B", "--gpus", "8", "--machine", "/dev/zero"), "not a regular file"),
+    ("export-account-injection", (*EXPORT, "--account", "abc;touch INJECTED", "-o", "fresh"), "--account"),
+    ("export-command-substitution", (*EXPORT, "--command", "python $(touch INJECTED)", "-o", "fresh"), "--command"),
 ]
 
 
@@ -251,6 +260,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = json.loads(plan.read_text())
     (ws / "wrongschema.json").write_text(json.dumps({**data, "schema_version": 99}))
     (ws / "plan-nodes.json").write_text(json.dumps({**data, "nodes": 7}))
+    record = json.loads((REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl").read_text().splitlines()[0])
+    (ws / "record-world.jsonl").write_text(json.dumps({**record, "world_size": 2 * record["world_size"]}) + "\n")
     records = (REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl").read_text().splitlines()
     as_frontier = [json.loads(line) for line in records[:12]]
     for rec in as_frontier:  # a CPU rehearsal of a frontier plan: the plan names frontier, its id follows

@@ -132,7 +132,8 @@ def _warnings(exports: list[Any], machine: Any, settings: Any) -> None:
 
     for e in exports:
         if machine.launcher.queues and queue_choice(e.plan, machine, settings) is None:
-            typer.echo(f"warning: no queue of {machine.name} holds {e.nodes} nodes ({e.folder}); its wall time "
+            nodes = f"{e.nodes} node{'s' if e.nodes != 1 else ''}"
+            typer.echo(f"warning: no queue of {machine.name} holds {nodes} ({e.folder}); its wall time "
                        f"{e.walltime} is not capped; check the centre's limits", err=True)
         warning = time_warning(e.plan, machine, settings)
         if warning is not None:

@@ -208,7 +208,7 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
                  f"iterations + {_margin(plan, machine, settings, values):g} min margin")
     lines = [
         f"# axoplan export, rank {rank}: {plan.model.name} on {plan.world_size} x {machine.device.name} "
-        f"({machine.name}), {values['nodes']} nodes",
+        f"({machine.name}), {_count(values['nodes'], 'node')}",
         f"# layout {' '.join(f'{a.label}={getattr(lay, a.field)}' for a in AXIS_DEFS)}, tensor-parallel order "
         f"{lay.tp_order}; axonn.init({init})",
         f"# micro-batch {plan.micro_batch}, {', '.join(opts)}, {plan.grad_accum_steps} micro-batch"
@@ -224,9 +224,15 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
     if require_launcher(machine).scheduler == "slurm":
         lines.append(f"# submit from this folder:  sbatch {SCRIPT_NAME}")
     else:
-        lines += [f"# run from this folder on each of the {values['nodes']} nodes at once:",
+        where = "on the node" if values["nodes"] == "1" else f"on each of the {values['nodes']} nodes at once"
+        lines += [f"# run from this folder {where}:",
                   f"#   MASTER_ADDR=<first node> bash {SCRIPT_NAME}"]
     return lines
+
+
+def _count(number: str | int, noun: str) -> str:
+    """'1 node', '2 nodes'."""
+    return f"{number} {noun}{'' if str(number) == '1' else 's'}"
 
 
 def _margin(plan: LaunchConfig, machine: Machine, settings: JobSettings, values: dict[str, str]) -> float:
@@ -405,8 +411,8 @@ def _staging_setup(launcher: LauncherSpec, values: dict[str, str], machine: str)
     spec = launcher.staging
     if spec is None or not staged(spec, int(values["nodes"])):
         return []
-    return [one_line(f"# {values['nodes']} nodes >= {spec.min_nodes}: stage the Python environment to node-local "
-                     f"storage {spec.source}"),
+    return [one_line(f"# {_count(values['nodes'], 'node')} >= {spec.min_nodes}: stage the Python environment to "
+                     f"node-local storage {spec.source}"),
             *(fill_shell(line, values, f"machine {machine!r} launcher.staging.setup") for line in spec.setup)]
 
 
