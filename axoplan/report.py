@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from axoplan.axes import AXIS_DEFS, order_name
 from axoplan.cost.model import CollectiveTerm
-from axoplan.layout import Layout
-from axoplan.ranking import Ranking
+from axoplan.inputs.axes import AXIS_DEFS, order_name
+from axoplan.search.ranking import Ranking
+from axoplan.space.layout import Layout
 
 __all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table", "selected_rows", "plural",
            "wrap", "TABLE_WIDTH"]
@@ -59,13 +59,13 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     By default it fits :data:`TABLE_WIDTH` columns: the layout in ``--layout`` spelling, the
     micro-batch, the options, seconds per step with its interval and P(best), MFU and memory.
     `wide` adds the axes one by one, HFU and the exposed communication. With `tokens`, each row
-    also shows days to train, node-hours and GPU-hours (axoplan.budget).
+    also shows days to train, node-hours and GPU-hours (axoplan.cost.budget).
     """
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
             f"{plural(len(r.candidates), 'candidate')}, {r.num_feasible} feasible")
     if tokens is not None:
-        from axoplan.budget import format_tokens
+        from axoplan.cost.budget import format_tokens
 
         head += f"; cost of {format_tokens(tokens)} tokens"
     chosen = list(rows) if rows is not None else selected_rows(r, top, infeasible)
@@ -174,7 +174,7 @@ _INTERVAL_NOTE = ("interval: central prediction interval (--level, default 80%);
 
 
 def _run_cost(r: Ranking, t_step_s: float, tokens: int) -> Any:
-    from axoplan.budget import run_cost
+    from axoplan.cost.budget import run_cost
 
     return run_cost(tokens, r.options.global_batch, r.options.seq_len, t_step_s, r.world_size,
                     r.machine.devices_per_node)

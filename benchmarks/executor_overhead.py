@@ -29,10 +29,10 @@ from typing import Any
 
 from axoplan.executor.launch import LocalCluster
 from axoplan.executor.spec import ExecSettings
-from axoplan.layout import Layout
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig
+from axoplan.space.layout import Layout
 
 MODEL = ModelSpec(name="bench", num_layers=2, hidden=256, num_heads=8, vocab=1024, max_positions=128,
                   source="benchmarks/executor_overhead.py")

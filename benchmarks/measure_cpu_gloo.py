@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from axoplan.layout import Layout, ordered_factorizations
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig
+from axoplan.space.layout import Layout, ordered_factorizations
 
 MACHINE = "local-cpu"
 MODEL = ModelSpec(name="gpt-tiny", num_layers=2, hidden=256, num_heads=8, vocab=1024, max_positions=128,

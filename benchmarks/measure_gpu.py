@@ -37,11 +37,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from axoplan.layout import Layout, ordered_factorizations
-from axoplan.machine import load_machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig
+from axoplan.space.layout import Layout, ordered_factorizations
 
 
 def plans(args: argparse.Namespace, hidden: int, world: int, devices_per_node: int) -> list[LaunchConfig]:

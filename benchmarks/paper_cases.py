@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from axoplan.machine import load_machine
-from axoplan.model import load_model
-from axoplan.options import RunOptions
-from axoplan.ranking import rank
-from axoplan.uncertainty import with_intervals
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.search.ranking import rank
+from axoplan.uncertainty.intervals import with_intervals
 
 CASES: tuple[tuple[str, int, str, int, str], ...] = (
     ("320B", 32768, "frontier", 2048, "the paper's 1.381 EFLOP/s run (batch not published; 2048 x 2048 assumed)"),

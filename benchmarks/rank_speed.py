@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from axoplan.candidates import Candidates
 from axoplan.cost.model import predict
-from axoplan.machine import Machine, load_machine
-from axoplan.model import load_model
-from axoplan.options import RunOptions
-from axoplan.ranking import rank
+from axoplan.inputs.machine import Machine, load_machine
+from axoplan.inputs.model import load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.search.ranking import rank
+from axoplan.space.candidates import Candidates
 
 
 def _best_of(fn, repeats: int) -> float:
@@ -69,7 +69,7 @@ def loop(world: int, sample: int) -> float:
 
 def intervals_ms(repeats: int) -> tuple[int, float]:
     """Contenders sampled and the warm time of `with_intervals` on the 32,768-GPU ranking."""
-    from axoplan.uncertainty import with_intervals
+    from axoplan.uncertainty.intervals import with_intervals
 
     r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 32768)
     n = int((with_intervals(r).prediction.columns["t_low_s"] > 0).sum())

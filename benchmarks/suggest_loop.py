@@ -16,7 +16,7 @@ import argparse
 import time
 from pathlib import Path
 
-from axoplan.machine import load_machine
+from axoplan.inputs.machine import load_machine
 from axoplan.validate.compare import aggregate
 from axoplan.validate.loop import RULES, run_loop, scenarios
 from axoplan.validate.records import load_runs

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from axoplan.machine import Machine, load_machine
-from axoplan.machine_params import with_values
+from axoplan.inputs.machine import Machine, load_machine
+from axoplan.inputs.machine_params import with_values
 from axoplan.report import text_table
 from axoplan.validate.calibrate import calibrate, split_holdout
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
@@ -107,7 +107,7 @@ def _tau(s: Summary) -> str:
 
 def carried(fitted: Machine, base: Machine, onto: Machine) -> Machine:
     """`onto` with the parameters `fitted` changed from `base` (a calibration carried to a twin machine)."""
-    from axoplan.machine_params import parameter_value
+    from axoplan.inputs.machine_params import parameter_value
     from axoplan.validate.calibrate import PARAMETERS
 
     changed = {p.path: parameter_value(fitted, p.path) for p in PARAMETERS
@@ -116,7 +116,7 @@ def carried(fitted: Machine, base: Machine, onto: Machine) -> Machine:
 
 
 def _has(machine: Machine, path: str) -> bool:
-    from axoplan.machine_params import has_value
+    from axoplan.inputs.machine_params import has_value
     return has_value(machine, path)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from axoplan.machine import Machine, load_machine
+from axoplan.inputs.machine import Machine, load_machine
 
 # No per-example deadline: a shared 2-core CI box can stall any example; correctness is what we test.
 settings.register_profile("axoplan", deadline=None)

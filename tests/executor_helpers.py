@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from axoplan.executor.spec import ExecSettings
-from axoplan.layout import Layout
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig
+from axoplan.space.layout import Layout
 
 TINY = {"name": "tiny", "num_layers": 2, "hidden": 32, "num_heads": 4, "vocab": 61, "max_positions": 16}
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from axoplan.advice import _candidate_batches, suggest_global_batches
-from axoplan.machine import load_machine
-from axoplan.model import load_model
-from axoplan.options import RunOptions
-from axoplan.ranking import explain_infeasible, rank
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.search.advice import _candidate_batches, explain_infeasible, suggest_global_batches
+from axoplan.search.ranking import rank
 
 
 def test_candidate_batches_are_the_multiples_just_around_the_request() -> None:

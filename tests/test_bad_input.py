@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from axoplan.machine import machines_dir
+from axoplan.inputs.machine import machines_dir
 from tests.conftest import REPO, run_cli, run_cli_here
 
 VTRAIN = str(REPO / "data" / "measured" / "vtrain_a100_single_node_pp1.csv")
@@ -276,9 +276,9 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _plan_id_of(plan: dict) -> str:
-    from axoplan.model import ModelSpec
-    from axoplan.options import RunOptions
-    from axoplan.plan import LayoutSpec, plan_id
+    from axoplan.inputs.model import ModelSpec
+    from axoplan.inputs.options import RunOptions
+    from axoplan.records.plan import LayoutSpec, plan_id
 
     return plan_id(plan["machine"], ModelSpec.model_validate(plan["model"]), RunOptions.model_validate(plan["options"]),
                    LayoutSpec.model_validate(plan["layout"]).to_layout(), plan["micro_batch"], plan["recompute"],

@@ -1,10 +1,10 @@
-"""Time to train, node-hours and budget constraints (axoplan.budget and rank --tokens)."""
+"""Time to train, node-hours and budget constraints (axoplan.cost.budget and rank --tokens)."""
 
 from __future__ import annotations
 
 import pytest
 
-from axoplan.budget import check_max_nodes, format_tokens, parse_tokens, run_cost, within_node_hours
+from axoplan.cost.budget import check_max_nodes, format_tokens, parse_tokens, run_cost, within_node_hours
 from axoplan.errors import AxoplanError
 from tests.conftest import run_cli
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from axoplan.layout import parse_layout
-from axoplan.machine import machines_dir
+from axoplan.inputs.machine import machines_dir
+from axoplan.space.layout import parse_layout
 from tests.conftest import run_cli
 
 
@@ -147,7 +147,7 @@ def searched_candidates(world: int, micro_batches: int) -> int:
     micro-batches, recompute on/off and caching on/off (caching only where Gz > 1)."""
     import math
 
-    from axoplan.layout import ordered_factorizations
+    from axoplan.space.layout import ordered_factorizations
 
     gx, gy, gz, _ = ordered_factorizations(world)
     return sum(math.factorial(int(x > 1) + int(y > 1) + int(z > 1)) * micro_batches * 2 * (2 if z > 1 else 1)

@@ -14,8 +14,8 @@ import typer.main
 
 from axoplan.cli import app
 from axoplan.commands.options import MODEL_FLAGS, RUN_FLAGS
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
 from tests.conftest import REPO, run_cli
 
 PLANNING = (("rank",), ("explain",), ("export",), ("plot", "scaling"), ("plot", "breakdown"))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from axoplan.plan import LaunchConfig
-from axoplan.runs import read_runs
+from axoplan.records.plan import LaunchConfig
+from axoplan.records.runs import read_runs
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.distributed

@@ -13,7 +13,7 @@ import yaml
 
 from axoplan.cost.collectives import all_reduce_s
 from axoplan.errors import AxoplanError
-from axoplan.machine import MeasuredBandwidth, load_machine
+from axoplan.inputs.machine import MeasuredBandwidth, load_machine
 from axoplan.validate.collective_fit import fit_all_reduce, read_nccl_tests_csv, read_nccl_tests_log
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from axoplan.candidates import Candidates
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.model import predict
-from axoplan.layout import Layout
-from axoplan.machine import Machine, load_machine
-from axoplan.model import ModelSpec, load_model
-from axoplan.options import RunOptions
+from axoplan.inputs.machine import Machine, load_machine
+from axoplan.inputs.model import ModelSpec, load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
 
 H, L, S, B = 1024, 4, 512, 64
 MODEL = ModelSpec(name="t", num_layers=L, hidden=H, num_heads=16, vocab=4096)
@@ -330,7 +330,7 @@ def test_an_order_that_moves_z_inside_a_frontier_node_changes_only_the_groups_it
 
 
 def test_rank_searches_the_tensor_parallel_order_and_a_fixed_order_is_kept() -> None:
-    from axoplan.ranking import rank
+    from axoplan.search.ranking import rank
 
     model = ModelSpec(name="wide", num_layers=4, hidden=8192, num_heads=64, vocab=8192)
     opts = RunOptions(global_batch=8, seq_len=512, micro_batches=(1,))

@@ -15,7 +15,7 @@ import pytest
 
 from axoplan.executor.axonn_backend import axonn_init_kwargs
 from axoplan.executor.launch import LocalCluster
-from axoplan.layout import Layout
+from axoplan.space.layout import Layout
 from tests.executor_helpers import check_settings, reference_run, tiny_plan, worst_gradient_error
 
 

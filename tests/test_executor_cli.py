@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from axoplan.executor.spec import Scale, scale_plan
-from axoplan.layout import Layout
-from axoplan.runs import read_runs
+from axoplan.records.runs import read_runs
+from axoplan.space.layout import Layout
 from tests.conftest import REPO, run_cli
 from tests.executor_helpers import tiny_plan
 

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from axoplan.axes import TP_ORDERS
 from axoplan.executor.groups import has_backend_override
 from axoplan.executor.launch import LocalCluster, RankFailure
 from axoplan.executor.reference import to_local
 from axoplan.executor.spec import ExecSettings
-from axoplan.layout import Layout
-from axoplan.plan import LaunchConfig
-from axoplan.runs import MeasuredRun
+from axoplan.inputs.axes import TP_ORDERS
+from axoplan.records.plan import LaunchConfig
+from axoplan.records.runs import MeasuredRun
+from axoplan.space.layout import Layout
 from tests.executor_helpers import check_settings, reference_run, tiny_plan, worst_gradient_error
 
 pytestmark = pytest.mark.distributed

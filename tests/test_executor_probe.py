@@ -27,8 +27,8 @@ from axoplan.executor.fragment import (
     render_fragment,
 )
 from axoplan.executor.hardware import CpuIdentity, cpu_identity
-from axoplan.layout import Layout
-from axoplan.machine import Machine, load_machine, machines_dir
+from axoplan.inputs.machine import Machine, load_machine, machines_dir
+from axoplan.space.layout import Layout
 from tests.conftest import run_cli
 from tests.executor_helpers import tiny_plan
 

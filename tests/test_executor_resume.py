@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from axoplan.layout import Layout
+from axoplan.space.layout import Layout
 from tests.conftest import run_cli
 from tests.executor_helpers import tiny_plan
 from tests.test_export import assert_user_error

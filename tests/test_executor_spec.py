@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from axoplan.errors import AxoplanError
-from axoplan.executor.launch import _is_collateral, _root_cause, describe_exception, dist_env
+from axoplan.executor.launch import _is_collateral, _root_cause
+from axoplan.executor.ranks import describe_exception, dist_env
 from axoplan.executor.record import build_record, runs_path, write_record
 from axoplan.executor.spec import (
     ExecSettings,
@@ -22,11 +23,11 @@ from axoplan.executor.spec import (
     check_runnable,
     check_world,
     make_settings,
-    padded_vocab,
     scale_plan,
 )
-from axoplan.layout import Layout
-from axoplan.runs import read_runs
+from axoplan.inputs.model import padded_vocab
+from axoplan.records.runs import read_runs
+from axoplan.space.layout import Layout
 from tests.conftest import REPO, run_cli
 from tests.executor_helpers import tiny_plan
 

@@ -22,8 +22,8 @@ from axoplan.executor.reference import (
     weight_kind,
 )
 from axoplan.executor.timing import PhaseTimer
-from axoplan.layout import Layout
-from axoplan.model import ModelSpec
+from axoplan.inputs.model import ModelSpec
+from axoplan.space.layout import Layout
 
 SPECS = [
     ModelSpec(num_layers=2, hidden=32, num_heads=4, vocab=64, max_positions=16),

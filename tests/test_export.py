@@ -31,12 +31,12 @@ from axoplan.export import files as export_files
 from axoplan.export.exporter import with_training
 from axoplan.export.files import NewFile, write_all_or_nothing
 from axoplan.export.job import format_walltime, node_counts, walltime_s
-from axoplan.launcher import LauncherSpec
-from axoplan.layout import Layout
-from axoplan.machine import load_machine, machines_dir
-from axoplan.model import PRESETS
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig, PredictedStep
+from axoplan.inputs.launcher import LauncherSpec
+from axoplan.inputs.machine import load_machine, machines_dir
+from axoplan.inputs.model import PRESETS
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig, PredictedStep
+from axoplan.space.layout import Layout
 from tests.conftest import REPO
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -639,7 +639,7 @@ def test_fewer_feasible_layouts_than_asked(tmp_path: Path):
     k! tensor-parallel orders (k of X, Y, Z above 1): at most the sum of those k! candidates."""
     import math
 
-    from axoplan.layout import ordered_factorizations
+    from axoplan.space.layout import ordered_factorizations
 
     gx, gy, gz, _ = ordered_factorizations(8)
     most = sum(math.factorial(int(x > 1) + int(y > 1) + int(z > 1)) for x, y, z in zip(gx, gy, gz, strict=True))

@@ -10,7 +10,7 @@ import pytest
 
 from axoplan.errors import AxoplanError
 from axoplan.export.job import parse_walltime
-from axoplan.plan import LaunchConfig
+from axoplan.records.plan import LaunchConfig
 from tests.conftest import run_cli
 from tests.test_export import assert_user_error, cli, parse_sbatch
 

@@ -12,16 +12,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from axoplan.candidates import Candidates
 from axoplan.errors import AxoplanError
 from axoplan.executor.spec import check_runnable
-from axoplan.feasibility import REASONS, check
-from axoplan.layout import Layout
-from axoplan.machine import load_machine
-from axoplan.model import ModelSpec, load_model
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
-from axoplan.ranking import explain_infeasible, rank
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import ModelSpec, load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig
+from axoplan.search.advice import explain_infeasible
+from axoplan.search.feasibility import REASONS, check
+from axoplan.search.ranking import rank
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
 from tests.conftest import run_cli
 
 

@@ -29,8 +29,8 @@ from axoplan.errors import AxoplanError
 from axoplan.export import files as export_files
 from axoplan.export.files import LOCK_NAME, NewFile, write_all_or_nothing
 from axoplan.fileio import check_readable, file_error, read_text
-from axoplan.layout import Layout
-from axoplan.runs import MeasuredRun, append_run, read_runs
+from axoplan.records.runs import MeasuredRun, append_run, read_runs
+from axoplan.space.layout import Layout
 from tests.conftest import REPO, run_cli
 from tests.executor_helpers import tiny_plan
 from tests.test_export import assert_user_error, cli
@@ -118,6 +118,17 @@ def marked_processes(marker: str) -> list[int]:
     return found
 
 
+def signal_and_wait_all_gone(proc: subprocess.Popen, sig: signal.Signals, marker: str) -> int:
+    """Send `sig` to `proc`, wait for it, and assert every process carrying `marker` is gone within 5 s."""
+    proc.send_signal(sig)
+    code = proc.wait(timeout=20)
+    gone_by = time.monotonic() + 5
+    while marked_processes(marker) and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    assert marked_processes(marker) == []
+    return code
+
+
 def kill_all(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(OSError):
@@ -143,12 +154,7 @@ def test_a_signal_to_a_local_run_ends_every_rank(tmp_path: Path, sig: signal.Sig
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         assert len(marked_processes(marker)) >= 5  # the parent and its 4 ranks (and the forkserver)
-        proc.send_signal(sig)
-        code = proc.wait(timeout=20)
-        gone_by = time.monotonic() + 5
-        while marked_processes(marker) and time.monotonic() < gone_by:
-            time.sleep(0.1)
-        assert marked_processes(marker) == []
+        code = signal_and_wait_all_gone(proc, sig, marker)
     finally:
         kill_all(marked_processes(marker))
         if proc.poll() is None:
@@ -178,12 +184,7 @@ def test_a_signal_to_a_local_probe_ends_every_rank_and_writes_nothing(tmp_path: 
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         time.sleep(2.0)  # into the measurement
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=20)
-        gone_by = time.monotonic() + 5
-        while marked_processes(marker) and time.monotonic() < gone_by:
-            time.sleep(0.1)
-        assert marked_processes(marker) == []
+        code = signal_and_wait_all_gone(proc, signal.SIGTERM, marker)
     finally:
         kill_all(marked_processes(marker))
         if proc.poll() is None:
@@ -250,7 +251,7 @@ def test_a_failed_append_keeps_the_record_in_a_file_of_its_own(tmp_path: Path,
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setattr("axoplan.runs._append", disk_full)
+    monkeypatch.setattr("axoplan.records.runs._append", disk_full)
     runs = tmp_path / "runs.jsonl"
     record = a_record()
     with pytest.raises(AxoplanError) as err:
@@ -268,8 +269,8 @@ def test_when_no_file_can_be_written_the_record_goes_to_stderr(tmp_path: Path, m
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("x")
     nowhere = [tmp_path / "afile" / "home", tmp_path / "afile" / "tmp"]  # their parent is a file: even root fails
-    monkeypatch.setattr("axoplan.runs._fallback_folders", lambda: nowhere)
-    monkeypatch.setattr("axoplan.runs._append", disk_full)
+    monkeypatch.setattr("axoplan.records.runs._fallback_folders", lambda: nowhere)
+    monkeypatch.setattr("axoplan.records.runs._append", disk_full)
     record = a_record()
     with pytest.raises(AxoplanError, match="nor to a file of its own in .*afile/home or .*afile/tmp; the record "
                                            "is the JSON line printed above"):

@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from axoplan.candidates import Candidates
 from axoplan.cost.compute import gemm_s
 from axoplan.cost.model import predict
 from axoplan.cost.orientation import PHASE_ORIENTATION, phase_gemm_s, tuned_gemm_s
-from axoplan.layout import Layout
-from axoplan.machine import GemmPoint, Machine, OrientationEfficiency, load_machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.machine import GemmPoint, Machine, OrientationEfficiency, load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
 
 CPU = load_machine("local-cpu")
 A100 = load_machine("dgx-a100")

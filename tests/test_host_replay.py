@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from axoplan.executor.hardware import cpu_identity
-from axoplan.framework import load_framework
+from axoplan.inputs.framework import load_framework
 from tests.conftest import REPO
 
 SCRIPT = REPO / "benchmarks" / "host_replay.py"

@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from axoplan.candidates import Candidates
 from axoplan.cost.compute import gemm_s, wave_quantized_s, waves
 from axoplan.cost.model import predict
 from axoplan.errors import AxoplanError
-from axoplan.framework import load_framework, shipped_frameworks
-from axoplan.layout import Layout
-from axoplan.machine import GemmTile, Machine, load_machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.framework import load_framework, shipped_frameworks
+from axoplan.inputs.machine import GemmTile, Machine, load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
 
 A100 = load_machine("dgx-a100")
 

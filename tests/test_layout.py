@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from axoplan.axes import AXES, AXIS_DEFS, DEFAULT_ORDER
-from axoplan.candidates import Candidates
 from axoplan.errors import AxoplanError
-from axoplan.layout import Layout, divisors, ordered_factorizations, parse_layout
-from axoplan.options import RunOptions
+from axoplan.inputs.axes import AXES, AXIS_DEFS, DEFAULT_ORDER
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout, divisors, ordered_factorizations, parse_layout
 
 
 def _prime_exponents(n: int) -> list[int]:
@@ -169,7 +169,7 @@ def test_vectorised_strides_are_each_layouts(tp_order: str):
 
 
 def test_plan_fields_and_table_headers_follow_the_axes():
-    from axoplan.plan import LayoutSpec
+    from axoplan.records.plan import LayoutSpec
 
     assert tuple(LayoutSpec.model_fields) == (*(a.field for a in AXIS_DEFS), "tp_order")
     assert LayoutSpec.of(Layout(2, 3, 4, 5)).to_layout() == Layout(2, 3, 4, 5)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from axoplan.errors import AxoplanError
-from axoplan.machine import load_machine, machines_dir, shipped_machines
+from axoplan.inputs.machine import load_machine, machines_dir, shipped_machines
 
 REQUIRED = {"frontier", "perlmutter", "perlmutter-80gb", "alps", "dgx-h100"}
 

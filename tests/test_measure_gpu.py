@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from axoplan.executor.hardware import cpu_identity
-from axoplan.runs import read_runs
+from axoplan.records.runs import read_runs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.distributed

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from axoplan.candidates import Candidates
 from axoplan.cost.memory import memory_per_gpu, memory_verdict
-from axoplan.framework import load_framework
-from axoplan.layout import Layout
-from axoplan.machine import load_machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.framework import load_framework
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
 from axoplan.validate.compare import Predictor, aggregate, plan_table, summarize
 from axoplan.validate.records import load_runs
 from tests.conftest import REPO

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from axoplan.errors import AxoplanError
-from axoplan.model import PRESETS, ModelSpec, load_model, parse_param_count
+from axoplan.inputs.model import PRESETS, ModelSpec, load_model, parse_param_count
 
 
 @pytest.mark.parametrize("name", PRESETS)

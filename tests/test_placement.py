@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from axoplan.cost.collectives import all_reduce_s
 from axoplan.cost.placement import place, place_groups
-from axoplan.layout import Layout
-from axoplan.machine import load_machine
+from axoplan.inputs.machine import load_machine
+from axoplan.space.layout import Layout
 
 
 def test_frontier_x_pair_stays_on_one_mi250x(frontier_theory):
@@ -84,7 +84,7 @@ def test_bandwidth_falls_with_the_nodes_a_group_spans_as_the_machine_says() -> N
     20·(N/2)^-0.04; at 256 nodes 20·128^-0.04 = 16.4 GB/s (the Polaris NCCL measurement the
     exponent comes from: 36.6 -> 30.9 GB/s)."""
     from axoplan.cost.placement import place
-    from axoplan.machine import load_machine
+    from axoplan.inputs.machine import load_machine
 
     m = load_machine("perlmutter").model_copy(update={"measured_bandwidth": ()})
     two, many = place(m, 4, 2), place(m, 4, 256)
@@ -99,7 +99,7 @@ def test_frontier_measured_inter_node_rows_are_scaled_not_halved() -> None:
     """The AxoNN authors' 2-node value for (stride 8, size 2) is 10 GB/s (they halved it to 5);
     at 2 nodes it stands, at 256 nodes (2,048 GCDs) the exponent halves it: 10·128^-0.143 = 5.0."""
     from axoplan.cost.placement import place
-    from axoplan.machine import load_machine
+    from axoplan.inputs.machine import load_machine
 
     m = load_machine("frontier")
     assert place(m, 8, 2).bandwidth_gbs == pytest.approx(10.0)
@@ -113,7 +113,7 @@ def test_more_nodes_never_mean_more_bandwidth(stride: int, size: int) -> None:
     """Members on distinct nodes (stride of a node or more): a group twice as large spans
     twice the nodes and never gets more bandwidth."""
     from axoplan.cost.placement import place
-    from axoplan.machine import load_machine
+    from axoplan.inputs.machine import load_machine
 
     m = load_machine("frontier")
     assert place(m, stride, size * 2).bandwidth_gbs <= place(m, stride, size).bandwidth_gbs * (1 + 1e-12)

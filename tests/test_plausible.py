@@ -16,14 +16,21 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from axoplan.budget import parse_tokens
+from axoplan.cost.budget import parse_tokens
 from axoplan.errors import AxoplanError
-from axoplan.machine import Machine, load_machine, machines_dir, shipped_machines
-from axoplan.model import ModelSpec, load_model
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
-from axoplan.plausible import MACHINE_RANGES, MODEL_RANGES, RUN_RANGES, PlausibilityWarning, Range, check_plausible
-from axoplan.ranking import rank
+from axoplan.inputs.machine import Machine, load_machine, machines_dir, shipped_machines
+from axoplan.inputs.model import ModelSpec, load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.inputs.plausible import (
+    MACHINE_RANGES,
+    MODEL_RANGES,
+    RUN_RANGES,
+    PlausibilityWarning,
+    Range,
+    check_plausible,
+)
+from axoplan.records.plan import LaunchConfig
+from axoplan.search.ranking import rank
 from tests.conftest import run_cli
 
 
@@ -197,7 +204,7 @@ def test_the_cli_shows_a_warning_as_one_line_and_still_answers(tmp_path: Path):
 def test_a_plan_exported_by_an_earlier_version_keeps_its_id(plan_json: dict[str, Any]):
     # versions of 2026-11 hashed options added after the id scheme (attention, framework, ...) even at their
     # default; such a plan is still consistent, and the measured CPU runs keep the ids they were recorded with
-    from axoplan.plan import plan_id
+    from axoplan.records.plan import plan_id
 
     plan = LaunchConfig.from_dict(plan_json)
     earlier = plan_id(plan.machine, plan.model, plan.options, plan.layout.to_layout(), plan.micro_batch,

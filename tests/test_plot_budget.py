@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from axoplan.machine import load_machine
-from axoplan.options import RunOptions
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.options import RunOptions
 from axoplan.validate import plots
 from tests.conftest import run_cli
 

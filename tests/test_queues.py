@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from axoplan.export import JobSettings, render_job_script
 from axoplan.export.script import queue_choice
-from axoplan.layout import Layout
-from axoplan.machine import load_machine, machines_dir, shipped_machines
-from axoplan.model import PRESETS
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig, PredictedStep
-from axoplan.queues import QueueLimit, choose_queue
+from axoplan.inputs.machine import load_machine, machines_dir, shipped_machines
+from axoplan.inputs.model import PRESETS
+from axoplan.inputs.options import RunOptions
+from axoplan.inputs.queues import QueueLimit, choose_queue
+from axoplan.records.plan import LaunchConfig, PredictedStep
+from axoplan.space.layout import Layout
 from tests.conftest import run_cli
 from tests.test_export import parse_sbatch
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from axoplan.machine import load_machine
-from axoplan.model import load_model
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig, plan_from_ranking
-from axoplan.ranking import REASONS, rank, smallest_feasible_world
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig, plan_from_ranking
+from axoplan.search.advice import smallest_feasible_world
+from axoplan.search.ranking import REASONS, rank
 
 
 def test_feasible_rows_first_then_by_time():

@@ -8,16 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from axoplan.candidates import Candidates
 from axoplan.cost import collectives as coll
 from axoplan.cost.attention import causal_fraction
 from axoplan.cost.model import predict
 from axoplan.cost.placement import place
 from axoplan.cost.scale import expected_max_normal, straggler_factor
-from axoplan.layout import Layout
-from axoplan.machine import load_machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
 
 MODEL = ModelSpec(name="t", num_layers=4, hidden=1024, num_heads=16, vocab=4096, max_positions=2048)
 

@@ -19,7 +19,7 @@ from axoplan.errors import AxoplanError
 from axoplan.export import JobSettings, SiteSettings
 from axoplan.export.job import command_problem
 from axoplan.export.script import fill_shell, one_line
-from axoplan.machine import machines_dir
+from axoplan.inputs.machine import machines_dir
 from tests.test_export import assert_user_error, cli
 
 TINY = ("--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128", "--seq-len", "16", "--gpus", "2",

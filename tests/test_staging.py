@@ -7,8 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from axoplan.machine import load_machine
-from axoplan.staging import margin_minutes, staged
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.staging import margin_minutes, staged
 from tests.conftest import run_cli
 
 

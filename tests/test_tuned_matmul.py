@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from axoplan.executor.tuned_matmul import FORMULATIONS, VARIANTS, GemmTuner, run_variant
-from axoplan.layout import Layout
+from axoplan.space.layout import Layout
 from tests.executor_helpers import check_settings, reference_run, tiny_plan, worst_gradient_error
 
 

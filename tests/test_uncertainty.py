@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from axoplan.candidates import Candidates
 from axoplan.cost.model import predict
-from axoplan.options import RunOptions
-from axoplan.uncertainty import PRIOR_REL_SIGMA, intervals, prior_spread, sensitivities
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.uncertainty.intervals import PRIOR_REL_SIGMA, intervals, prior_spread, sensitivities
 from axoplan.validate.calibrate import parameter_value, with_values
 from tests.validate_helpers import SMALL, theory_machine
 
@@ -138,11 +138,11 @@ def test_suggest_picks_distinct_layouts_by_p_best_and_exports_them(tmp_path) -> 
 
 
 def test_plot_intervals_draws_each_top_layout_with_its_p_best(tmp_path) -> None:
-    from axoplan.machine import load_machine
-    from axoplan.model import load_model
-    from axoplan.ranking import rank
-    from axoplan.uncertainty import with_intervals
-    from axoplan.uncertainty_plot import intervals_figure
+    from axoplan.inputs.machine import load_machine
+    from axoplan.inputs.model import load_model
+    from axoplan.search.ranking import rank
+    from axoplan.uncertainty.intervals import with_intervals
+    from axoplan.uncertainty.plot import intervals_figure
 
     r = with_intervals(rank(load_model("5B"), load_machine("alps"), RunOptions(), 64))
     fig = intervals_figure(r, 6)
@@ -158,10 +158,10 @@ def test_plot_breakdown_whiskers_are_the_rank_json_intervals(tmp_path) -> None:
     the one `rank --out x.json` reports; the figure's whiskers span the same interval."""
     import json
 
-    from axoplan.machine import load_machine
-    from axoplan.model import load_model
-    from axoplan.ranking import rank
-    from axoplan.uncertainty import with_intervals
+    from axoplan.inputs.machine import load_machine
+    from axoplan.inputs.model import load_model
+    from axoplan.search.ranking import rank
+    from axoplan.uncertainty.intervals import with_intervals
     from axoplan.validate.plots import top_layouts
     from tests.conftest import run_cli
 

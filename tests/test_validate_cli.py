@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from axoplan.machine import load_machine
+from axoplan.inputs.machine import load_machine
 from axoplan.validate.compare import validate
 from axoplan.validate.records import load_runs
 from tests.conftest import REPO, run_cli

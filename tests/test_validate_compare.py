@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from axoplan.candidates import Candidates
 from axoplan.cost.model import predict
+from axoplan.space.candidates import Candidates
 from axoplan.validate.compare import Predictor, aggregate, validate
 from axoplan.validate.records import Measured
 from tests.validate_helpers import small_plans, synthetic_runs, theory_machine

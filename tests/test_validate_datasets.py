@@ -6,7 +6,7 @@ A headline figure is asserted within about 1.5 points of what was measured (docs
 
 from __future__ import annotations
 
-from axoplan.machine import load_machine
+from axoplan.inputs.machine import load_machine
 from axoplan.validate.calibrate import calibrate, split_holdout
 from axoplan.validate.compare import Predictor, aggregate, plan_table, summarize
 from axoplan.validate.records import load_runs
@@ -125,7 +125,7 @@ def test_parameters_the_cpu_runs_cannot_pin_keep_about_their_prior_spread() -> N
     most its prior by source), a parameter at its bound keeps about its prior spread, and the
     runs do pin some others (with the shared cores of issue 11: the GEMM size curve and the
     host's cost per op) well below theirs."""
-    from axoplan.uncertainty import DEFAULT_SOURCES, PRIOR_REL_SIGMA
+    from axoplan.uncertainty.intervals import DEFAULT_SOURCES, PRIOR_REL_SIGMA
 
     result = calibrate(load_runs([CPU]), load_machine("local-cpu"), holdout=0.3, seed=0)
     prior = {f.path: PRIOR_REL_SIGMA[DEFAULT_SOURCES[f.path]] for f in result.fitted}

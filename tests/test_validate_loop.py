@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from axoplan.errors import AxoplanError
-from axoplan.machine import load_machine
+from axoplan.inputs.machine import load_machine
 from axoplan.validate.compare import aggregate
 from axoplan.validate.loop import next_plans, run_loop, scenarios
 from axoplan.validate.records import load_runs

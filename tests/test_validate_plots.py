@@ -9,10 +9,10 @@ import pytest
 from matplotlib.figure import Figure
 
 from axoplan.errors import AxoplanError
-from axoplan.machine import load_machine
-from axoplan.model import load_model
-from axoplan.options import RunOptions
-from axoplan.ranking import rank
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import load_model
+from axoplan.inputs.options import RunOptions
+from axoplan.search.ranking import rank
 from axoplan.validate import plots
 from axoplan.validate.compare import validate
 from tests.validate_helpers import small_plans, synthetic_runs, theory_machine

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from axoplan.errors import AxoplanError
-from axoplan.layout import Layout
-from axoplan.machine import load_machine
+from axoplan.inputs.machine import load_machine
+from axoplan.space.layout import Layout
 from axoplan.validate.records import (
     CSV_REQUIRED,
     Measured,
@@ -200,7 +200,7 @@ def test_attention_kernel_and_tensor_parallel_order_columns(tmp_path: Path) -> N
 
 def test_a_row_whose_shape_contradicts_its_parameter_count_is_refused(tmp_path: Path) -> None:
     """num_params is the source's count: the row's model must give exactly it (the llm-foundry rows do)."""
-    from axoplan.model import ModelSpec
+    from axoplan.inputs.model import ModelSpec
 
     good = ModelSpec(num_layers=4, hidden=1024, num_heads=16).num_params()
     assert load_runs([_csv(tmp_path, ROW + f",{good}", header=HEADER + ",num_params")])

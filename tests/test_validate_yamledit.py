@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from axoplan.machine import Machine, load_machine, machines_dir, shipped_machines
+from axoplan.inputs.machine import Machine, load_machine, machines_dir, shipped_machines
 from axoplan.validate.calibrate import PARAMETERS, with_values
 from axoplan.validate.yamledit import edit_values, format_value, machine_yaml
 

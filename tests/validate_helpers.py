@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axoplan.layout import Layout, ordered_factorizations
-from axoplan.machine import Machine, load_machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
-from axoplan.runs import MeasuredRun, append_run
+from axoplan.inputs.machine import Machine, load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.records.plan import LaunchConfig
+from axoplan.records.runs import MeasuredRun, append_run
+from axoplan.space.layout import Layout, ordered_factorizations
 from axoplan.validate.compare import Predictor
 from axoplan.validate.records import Measured
 

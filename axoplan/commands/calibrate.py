@@ -66,7 +66,7 @@ def calibrate(
 
     from axoplan.errors import AxoplanError
     from axoplan.fileio import check_writable, write_text_atomic
-    from axoplan.machine import load_machine, machines_dir
+    from axoplan.inputs.machine import load_machine, machines_dir
     from axoplan.validate.calibrate import calibrate as fit
     from axoplan.validate.records import check_machine, load_runs
     from axoplan.validate.report import calibration_header, format_calibration
@@ -103,7 +103,7 @@ def calibrate(
 
 
 def _yaml_path(machine: str) -> Path:
-    from axoplan.machine import machines_dir
+    from axoplan.inputs.machine import machines_dir
 
     path = Path(machine)
     if path.suffix in {".yaml", ".yml"} or path.exists():

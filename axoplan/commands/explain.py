@@ -15,7 +15,7 @@ import typer
 from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
-    from axoplan.options import RunOptions
+    from axoplan.inputs.options import RunOptions
 
 __all__ = ["explain"]
 
@@ -41,9 +41,9 @@ def explain(
     """
     from axoplan import report
     from axoplan.errors import AxoplanError
-    from axoplan.layout import parse_layout
-    from axoplan.machine import load_machine
-    from axoplan.ranking import rank as do_rank
+    from axoplan.inputs.machine import load_machine
+    from axoplan.search.ranking import rank as do_rank
+    from axoplan.space.layout import parse_layout
 
     spec, mach = model_flags.load(), load_machine(machine)
     if layout is not None and rank_ is not None:
@@ -62,6 +62,6 @@ def explain(
         index = int(result.order[n - 1])
     typer.echo(report.format_explain(result, index, wide))
     if tokens is not None and result.has_time(index):
-        from axoplan.budget import cost_line, parse_tokens
+        from axoplan.cost.budget import cost_line, parse_tokens
 
         typer.echo("\n" + cost_line(result, index, parse_tokens(tokens)))

@@ -17,7 +17,7 @@ import typer
 from axoplan.commands.options import MODEL_FLAGS, RUN_FLAGS, ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
-    from axoplan.options import RunOptions
+    from axoplan.inputs.options import RunOptions
 
 __all__ = ["export"]
 
@@ -81,7 +81,7 @@ def export(
     machine YAML's launcher block (Slurm or torchrun). Existing files are never replaced
     without --force, and a failed export writes nothing.
     """
-    from axoplan.budget import parse_tokens
+    from axoplan.cost.budget import parse_tokens
     from axoplan.export import prepare_exports, summary, write_exports
     from axoplan.export.exporter import benchmark_note
     from axoplan.export.job import parse_walltime
@@ -109,7 +109,7 @@ def export(
                f"{source.world_size} GPUs of {source.machine.name} to {out_dir}\n")
     typer.echo(summary(exports, out_dir, launcher.scheduler))
     if exports[0].plan.training is not None:
-        from axoplan.budget import describe_cost
+        from axoplan.cost.budget import describe_cost
 
         typer.echo(f"rank 1: {describe_cost(exports[0].plan.training)}; each plan.json records its own")
     for note in _notes(launcher, settings, site, len(exports), top):
@@ -121,7 +121,7 @@ def export(
 
 def _token_steps(tokens: int, options: Any) -> int:
     """Iterations of an export with --tokens and no --iterations: the steps the tokens need."""
-    from axoplan.budget import steps_for
+    from axoplan.cost.budget import steps_for
 
     return steps_for(tokens, options.global_batch, options.seq_len)
 
@@ -145,7 +145,7 @@ def _settings(**fields: Any) -> Any:
 
     from axoplan.errors import AxoplanError
     from axoplan.export import JobSettings
-    from axoplan.schema import describe_validation_error
+    from axoplan.inputs.schema import describe_validation_error
 
     try:
         return JobSettings.model_validate(fields)
@@ -166,7 +166,7 @@ def _refuse_ranking_flags(ctx: typer.Context, ranking: Path) -> None:
 def _saved(ranking: Path, machine: str | None) -> tuple[Any, str]:
     from axoplan.errors import AxoplanError
     from axoplan.export import load_saved_ranking
-    from axoplan.machine import load_machine
+    from axoplan.inputs.machine import load_machine
 
     def machine_for(name: str) -> Any:
         if machine is None:
@@ -187,8 +187,9 @@ def _saved(ranking: Path, machine: str | None) -> tuple[Any, str]:
 
 def _fresh(model_flags: ModelFlags, gpus: int | None, machine: str, options: RunOptions) -> Any:
     from axoplan.errors import AxoplanError
-    from axoplan.machine import load_machine
-    from axoplan.ranking import explain_infeasible, rank
+    from axoplan.inputs.machine import load_machine
+    from axoplan.search.advice import explain_infeasible
+    from axoplan.search.ranking import rank
 
     if gpus is None:
         raise AxoplanError("give --gpus N (and --model), or --ranking FILE.json saved by `axoplan rank --out`")
@@ -202,7 +203,7 @@ def _fresh(model_flags: ModelFlags, gpus: int | None, machine: str, options: Run
 def _notes(launcher: Any, settings: Any, site: dict[str, str | None], exported: int, top: int) -> list[str]:
     """Placeholders left in the scripts, site values this machine does not use, fewer layouts than asked."""
     from axoplan.export.job import site_values
-    from axoplan.launcher import placeholder_text
+    from axoplan.inputs.launcher import placeholder_text
 
     used = launcher.placeholders()
     values = site_values(launcher, settings.site)

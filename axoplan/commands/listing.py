@@ -9,7 +9,7 @@ __all__ = ["machines", "models"]
 
 def machines() -> None:
     """List the machines that ship with axoplan."""
-    from axoplan.machine import load_machine, machines_dir, shipped_machines
+    from axoplan.inputs.machine import load_machine, machines_dir, shipped_machines
     from axoplan.report import text_table
 
     rows = []
@@ -25,7 +25,7 @@ def machines() -> None:
 
 def models() -> None:
     """List the model presets with their shapes and parameter counts."""
-    from axoplan.model import PRESETS
+    from axoplan.inputs.model import PRESETS
     from axoplan.report import text_table
 
     rows = [[name, str(m.num_layers), str(m.hidden), str(m.num_heads), str(m.kv_heads), str(m.ffn), m.ffn_kind,

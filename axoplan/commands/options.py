@@ -1,6 +1,6 @@
 """The options every planning command shares, declared once: run options and the model.
 
-``RUN_FLAGS`` has one flag per field of :class:`axoplan.options.RunOptions` (a test fails
+``RUN_FLAGS`` has one flag per field of :class:`axoplan.inputs.options.RunOptions` (a test fails
 when a field has none, or when a default or a choice differs from the field's);
 ``MODEL_FLAGS`` names a preset or YAML, or builds a custom model. The decorator
 :func:`shared_options` adds them to a command's signature and hands the command a built
@@ -128,7 +128,7 @@ class ModelFlags:
     def load(self) -> Any:
         """The ModelSpec (AxoplanError when neither a model nor a whole custom model is given)."""
         from axoplan.errors import AxoplanError
-        from axoplan.model import load_model
+        from axoplan.inputs.model import load_model
 
         overrides = {_CUSTOM[k]: v for k, v in self.custom.items() if v is not None}
         if self.name is not None:
@@ -138,9 +138,9 @@ class ModelFlags:
             raise AxoplanError(f"give --model NAME|PATH, or a custom model with {', '.join(missing)}")
         from pydantic import ValidationError
 
-        from axoplan.model import ModelSpec
-        from axoplan.plausible import MODEL_RANGES, check_plausible
-        from axoplan.schema import describe_validation_error
+        from axoplan.inputs.model import ModelSpec
+        from axoplan.inputs.plausible import MODEL_RANGES, check_plausible
+        from axoplan.inputs.schema import describe_validation_error
 
         check_plausible(overrides, MODEL_RANGES, "custom model")
         try:
@@ -163,8 +163,8 @@ def _run_options(values: dict[str, Any]) -> Any:
     from pydantic import ValidationError
 
     from axoplan.errors import AxoplanError
-    from axoplan.options import RunOptions
-    from axoplan.schema import describe_validation_error
+    from axoplan.inputs.options import RunOptions
+    from axoplan.inputs.schema import describe_validation_error
 
     fields = {k: v.value if isinstance(v, StrEnum) else v for k, v in values.items()}
     fields["micro_batches"] = parse_ints(values["micro_batches"], "--micro-batch")

@@ -19,7 +19,7 @@ import typer
 from axoplan.commands.options import ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
-    from axoplan.options import RunOptions
+    from axoplan.inputs.options import RunOptions
 
 __all__ = ["register", "scaling", "breakdown", "intervals"]
 
@@ -67,10 +67,10 @@ def scaling(
     """Predicted model TFLOP/s per GPU (MFU) and seconds per iteration against GPU count, for several
     model sizes, using the best feasible layout at each count. With --tokens, a second row
     of panels shows days to train and node-hours, so you see where adding GPUs stops paying."""
-    from axoplan.budget import parse_tokens
+    from axoplan.cost.budget import parse_tokens
     from axoplan.errors import AxoplanError
-    from axoplan.machine import load_machine
-    from axoplan.model import load_model
+    from axoplan.inputs.machine import load_machine
+    from axoplan.inputs.model import load_model
     from axoplan.validate import plots
 
     n_tokens = parse_tokens(tokens) if tokens is not None else None
@@ -118,10 +118,10 @@ def breakdown(
 ) -> None:
     """Stacked predicted breakdown (GEMM, non-GEMM, optimizer, exposed communication per
     axis) of the best layouts of --gpus GPUs, each total with its 80% prediction interval."""
-    from axoplan.machine import load_machine
-    from axoplan.ranking import rank
+    from axoplan.inputs.machine import load_machine
     from axoplan.report import text_table
-    from axoplan.uncertainty import with_intervals
+    from axoplan.search.ranking import rank
+    from axoplan.uncertainty.intervals import with_intervals
     from axoplan.validate import plots
 
     plots.check_figure_path(output, force)
@@ -146,10 +146,10 @@ def intervals(
     model_flags: ModelFlags,
 ) -> None:
     """The best layouts with their 80% prediction intervals and probability of being fastest."""
-    from axoplan.machine import load_machine
-    from axoplan.ranking import rank
-    from axoplan.uncertainty import with_intervals
-    from axoplan.uncertainty_plot import intervals_figure
+    from axoplan.inputs.machine import load_machine
+    from axoplan.search.ranking import rank
+    from axoplan.uncertainty.intervals import with_intervals
+    from axoplan.uncertainty.plot import intervals_figure
     from axoplan.validate import plots
 
     plots.check_figure_path(output, force)

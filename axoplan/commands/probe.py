@@ -71,7 +71,7 @@ def probe(
     if local is not None:
         result = _probe_local(config, local)
     else:
-        from axoplan.executor.launch import dist_env
+        from axoplan.executor.ranks import dist_env
 
         env = dist_env()
         if env is None:
@@ -84,8 +84,8 @@ def probe(
 
 def _peak(plan: Path | None, machine: str | None) -> tuple[Any, float, str, dict[str, Any]]:
     from axoplan.errors import AxoplanError
-    from axoplan.machine import load_machine
-    from axoplan.plan import LaunchConfig
+    from axoplan.inputs.machine import load_machine
+    from axoplan.records.plan import LaunchConfig
 
     config_plan = LaunchConfig.load(plan) if plan is not None else None
     name = machine or (config_plan.machine if config_plan is not None else None)
@@ -130,7 +130,7 @@ def _config(plan: Any, gemm_sizes: str | None, min_kib: float | None, max_mib: f
 def _orientations(text: str | None, plan: bool) -> tuple[str, ...]:
     """The operand layouts asked for; an unknown one is an AxoplanError."""
     from axoplan.errors import AxoplanError
-    from axoplan.machine import ORIENTATIONS
+    from axoplan.inputs.machine import ORIENTATIONS
 
     if text is None:
         return ORIENTATIONS if plan else ("nn",)
@@ -160,7 +160,7 @@ def _probe_local(config: Any, ranks: int) -> Any:
 
 def _probe_in_launcher(config: Any, env: Any) -> Any:
     from axoplan.executor.fragment import ProbeResult
-    from axoplan.executor.launch import describe_exception
+    from axoplan.executor.ranks import describe_exception
 
     try:
         from axoplan.executor.probe import probe_in_process
@@ -178,7 +178,7 @@ def _write(out: Path, result: Any, peak: float, machine: str, base: dict[str, An
 
     from axoplan.executor.fragment import merge_fragment, render_fragment
     from axoplan.fileio import write_text_atomic
-    from axoplan.machine import Machine
+    from axoplan.inputs.machine import Machine
 
     when = datetime.now(UTC).isoformat(timespec="seconds")
     text = _with_host_identity(render_fragment(result, peak, machine, when), result)

@@ -17,7 +17,7 @@ import typer
 from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
-    from axoplan.options import RunOptions
+    from axoplan.inputs.options import RunOptions
 
 __all__ = ["rank", "Format"]
 
@@ -61,9 +61,9 @@ def rank(
     from axoplan import report
     from axoplan.errors import AxoplanError
     from axoplan.fileio import check_writable, write_text_atomic
-    from axoplan.machine import load_machine
-    from axoplan.ranking import explain_infeasible
-    from axoplan.ranking import rank as do_rank
+    from axoplan.inputs.machine import load_machine
+    from axoplan.search.advice import explain_infeasible
+    from axoplan.search.ranking import rank as do_rank
 
     spec, mach = model_flags.load(), load_machine(machine)
     if gpus < 1:
@@ -72,8 +72,8 @@ def rank(
         raise AxoplanError(f"--out {out} must end in .csv or .json")
     if out is not None:
         check_writable(out, force, "--out")
-    from axoplan.budget import budget_checks, rows_within_node_hours
-    from axoplan.uncertainty import with_intervals
+    from axoplan.cost.budget import budget_checks, rows_within_node_hours
+    from axoplan.uncertainty.intervals import with_intervals
 
     n_tokens = budget_checks(tokens, gpus, mach.devices_per_node, max_nodes, max_node_hours)
     result = with_intervals(do_rank(spec, mach, run_options, gpus), level=level)

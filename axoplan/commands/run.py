@@ -106,7 +106,7 @@ def run(
     from axoplan.executor import checkpoint
     from axoplan.executor.record import runs_path
     from axoplan.executor.spec import Scale, check_runnable, check_world, make_settings, scale_plan
-    from axoplan.plan import LaunchConfig
+    from axoplan.records.plan import LaunchConfig
 
     original = LaunchConfig.load(plan)
     scaled_down = any(v is not None for v in (layers, hidden, seq_len, vocab))
@@ -183,7 +183,8 @@ def _run_local(config: Any, settings: Any, ranks: int) -> str:
 def _run_in_launcher(config: Any, settings: Any, check_world: Any) -> str | None:
     """This process is one rank; rank 0 returns the record, the others None."""
     from axoplan.errors import AxoplanError
-    from axoplan.executor.launch import describe_exception, dist_env, exit_on_signals
+    from axoplan.executor.launch import exit_on_signals
+    from axoplan.executor.ranks import describe_exception, dist_env
 
     env = dist_env()
     if env is None:
@@ -206,8 +207,8 @@ def _run_in_launcher(config: Any, settings: Any, check_world: Any) -> str | None
 
 def _finish(path: Path, record_json: str) -> None:
     """Show the measurement, then append its record; a failed append keeps the record elsewhere and says where
-    (axoplan.runs.append_run), so a finished run is never lost."""
-    from axoplan.runs import MeasuredRun, append_run
+    (axoplan.records.runs.append_run), so a finished run is never lost."""
+    from axoplan.records.runs import MeasuredRun, append_run
 
     record = MeasuredRun.model_validate_json(record_json)
     typer.echo(_summary(record))

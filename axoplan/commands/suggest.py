@@ -19,7 +19,7 @@ from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, shared_opt
 from axoplan.commands.rank import Format
 
 if TYPE_CHECKING:
-    from axoplan.options import RunOptions
+    from axoplan.inputs.options import RunOptions
 
 __all__ = ["suggest"]
 
@@ -47,9 +47,10 @@ def suggest(
     """
     from axoplan import report
     from axoplan.errors import AxoplanError
-    from axoplan.machine import load_machine
-    from axoplan.ranking import explain_infeasible, rank
-    from axoplan.uncertainty import suggest_indices, with_intervals
+    from axoplan.inputs.machine import load_machine
+    from axoplan.search.advice import explain_infeasible
+    from axoplan.search.ranking import rank
+    from axoplan.uncertainty.intervals import suggest_indices, with_intervals
 
     ranked = rank(model_flags.load(), load_machine(machine), run_options, gpus)
     if ranked.num_feasible == 0:

@@ -32,6 +32,8 @@ def user_errors(fn: F) -> F:
         except AxoplanError as err:
             typer.echo(f"axoplan: error: {err}", err=True)
             raise typer.Exit(2) from None
+        except BrokenPipeError:
+            raise  # the reader of our output went away (`| head`): click ends quietly, status 1
         except (OSError, UnicodeDecodeError) as exc:  # a file path that escaped axoplan.fileio: still one line
             from pathlib import Path
 

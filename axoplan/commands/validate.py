@@ -77,7 +77,7 @@ def validate(
 def resolve_machine(ref: str) -> Any:
     """The machine named by `ref`; a recorded YAML path that is gone falls back to its stem's shipped machine."""
     from axoplan.errors import AxoplanError
-    from axoplan.machine import load_machine
+    from axoplan.inputs.machine import load_machine
 
     try:
         return load_machine(ref)

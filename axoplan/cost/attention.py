@@ -25,11 +25,11 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.candidates import Candidates
 from axoplan.cost.compute import gemm_s, memory_bound_s
-from axoplan.machine import Machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
 
 __all__ = ["CAUSAL_BLOCK", "BACKWARD_FLOPS_RATIO", "causal_fraction", "fused_forward_flops", "fused_attention_s",
            "unfused_attention_s", "attention_s"]

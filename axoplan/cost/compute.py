@@ -10,7 +10,7 @@ fastest is taken. Without tiles (a CPU) a smooth efficiency curve stands in. Eit
 GEMM is never faster than moving its operands through HBM once (roofline, Williams et al.
 2009): ``t = max(t_tiles, 2(mk + kn + mn) / (β_hbm · memory_efficiency))``.
 
-Operand layout (``orientation``, ``axoplan.machine.Orientation``) divides the compute time by
+Operand layout (``orientation``, ``axoplan.inputs.machine.Orientation``) divides the compute time by
 its relative efficiency ``gemm.orientation_efficiency`` (1 unless a YAML says otherwise); a
 measured table with rows of that orientation is read instead.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.machine import GemmModel, Machine, Orientation
+from axoplan.inputs.machine import GemmModel, Machine, Orientation
 
 __all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "memory_bound_s"]
 

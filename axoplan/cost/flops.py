@@ -22,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost.attention import BACKWARD_FLOPS_RATIO, causal_fraction
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
 
 __all__ = ["model_flops", "hardware_flops"]
 

@@ -1,7 +1,7 @@
 """Memory per GPU: training states, gathered weights, activations and logits, by framework.
 
 Every figure is bytes per GPU for every candidate, from the framework's rules
-(:class:`axoplan.framework.MemoryRules`, one YAML per framework):
+(:class:`axoplan.inputs.framework.MemoryRules`, one YAML per framework):
 
 * **States.** Per parameter of the GPU's shard (``k·n/(Gx·Gy·Gz)`` of each 4D-sharded layer,
   plus the norms and biases every GPU holds whole, or their ``1/(Gx·Gy·Gz)`` where the
@@ -23,7 +23,7 @@ Every figure is bytes per GPU for every candidate, from the framework's rules
 * **Logits**: ``tokens·V/Gy·logits_bytes`` while the loss runs.
 
 Capacity (:func:`memory_verdict`): a GPU needs the live bytes plus the reserve (runtime, the
-framework's communicators, allocator fragmentation; ``axoplan.machine.Reserve``). Memory gets
+framework's communicators, allocator fragmentation; ``axoplan.inputs.machine.Reserve``). Memory gets
 an interval like time: the need within ``exp(±z·σ)`` (``MEMORY_MODEL_SIGMA``, ``z`` the normal
 quantile of the central ``level`` interval). A candidate *fits* when the high end fits the HBM,
 *does not fit* when even the low end exceeds it, and is *tight* between: ranked, and marked.
@@ -37,13 +37,13 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.candidates import Candidates
-from axoplan.framework import FrameworkProfile, StateBytes
-from axoplan.machine import Machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.framework import FrameworkProfile, StateBytes
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import ModelSpec, padded_vocab
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
 
-__all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict", "VERDICTS", "padded_vocab",
+__all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict", "VERDICTS", "vocab_rows",
            "sharded_params", "replicated_params", "MEMORY_MODEL_SIGMA", "activation_bytes_per_token"]
 
 Floats = npt.NDArray[np.float64]
@@ -75,17 +75,16 @@ class MemoryBreakdown:
         return {f"mem_{k}_bytes": getattr(self, k) for k in self.__slots__} | {"mem_total_bytes": self.total}
 
 
-def padded_vocab(model: ModelSpec, c: Candidates) -> Floats:
-    """Vocabulary padded to a multiple of Gx·Gy, as Megatron pads for tensor parallelism."""
-    g = (c.gx * c.gy).astype(np.float64)
-    return np.ceil(model.vocab / g) * g
+def vocab_rows(model: ModelSpec, c: Candidates) -> Floats:
+    """Each candidate's padded vocabulary (:func:`axoplan.inputs.model.padded_vocab`), as floats."""
+    return padded_vocab(model.vocab, c.gx, c.gy).astype(np.float64)
 
 
 def sharded_params(model: ModelSpec, c: Candidates) -> Floats:
     """Parameters in the 4D-sharded shard of one GPU (blocks, LM head, embeddings)."""
     gxy, gz = (c.gx * c.gy).astype(np.float64), c.gz.astype(np.float64)
     blocks = sum(np.ceil(lin.num_params / gxy / gz) for lin in model.block_linears())
-    vocab = padded_vocab(model, c)
+    vocab = vocab_rows(model, c)
     heads = 1 if model.tied_embeddings else 2
     embed = np.ceil(heads * vocab * model.hidden / gxy / gz)
     positions = np.ceil(model.max_positions * model.hidden / gxy / gz)
@@ -117,7 +116,7 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
         optimizer=state(rules.optimizer),
         gathered=_gathered_bytes(model, options, c, profile),
         activations=_activation_bytes(model, options, c, profile, tokens),
-        logits=tokens * padded_vocab(model, c) / c.gy.astype(np.float64) * rules.logits_bytes,
+        logits=tokens * vocab_rows(model, c) / c.gy.astype(np.float64) * rules.logits_bytes,
     )
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost.compute import BYTES_BF16, gemm_s, memory_bound_s
-from axoplan.machine import Machine, Orientation
+from axoplan.inputs.machine import Machine, Orientation
 
 __all__ = ["Phase", "PHASE_ORIENTATION", "TUNED_PHASES", "VARIANTS", "phase_gemm_s", "tuned_gemm_s"]
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.machine import Machine, MeasuredBandwidth
+from axoplan.inputs.machine import Machine, MeasuredBandwidth
 
 __all__ = ["GroupPlacement", "Placements", "place", "place_groups", "ring_latency_us"]
 
@@ -57,15 +57,7 @@ class GroupPlacement:
 
 
 def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
-    """Placement of a group of `size` members `stride` ranks apart (memoised per machine)."""
-    memo = machine.placement_memo
-    key = (stride, size)
-    if key not in memo:
-        memo[key] = _place(machine, stride, size)
-    return memo[key]  # type: ignore[return-value]
-
-
-def _place(machine: Machine, stride: int, size: int) -> GroupPlacement:
+    """Placement of a group of `size` members `stride` ranks apart."""
     if size <= 1:
         return GroupPlacement(math.inf, 0.0, False, "none")
     inside = _inside(machine, stride, size)

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.candidates import Candidates
 from axoplan.cost.terms import CollectiveTerm
-from axoplan.options import RunOptions
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
 
 __all__ = ["ZUnit", "ZGroup", "z_terms", "backward_exposed"]
 

@@ -32,9 +32,9 @@ import torch
 import torch.distributed as dist
 
 from axoplan.errors import AxoplanError
-from axoplan.layout import Layout
-from axoplan.model import layer_axes
-from axoplan.plan import LaunchConfig
+from axoplan.inputs.model import layer_axes
+from axoplan.records.plan import LaunchConfig
+from axoplan.space.layout import Layout
 
 __all__ = ["axonn_init_kwargs", "init_axonn", "axonn_groups", "check_axonn_groups", "axonn_linear_class",
            "micro_batch_context", "recompute_context"]

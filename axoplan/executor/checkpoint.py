@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import NonNegativeInt, PositiveInt, ValidationError
 
 from axoplan.errors import AxoplanError
-from axoplan.schema import Frozen
+from axoplan.inputs.schema import Frozen
 
 __all__ = ["Manifest", "checkpoint_dir", "check_resumable", "check_savable", "rank_file", "save", "load", "MANIFEST"]
 

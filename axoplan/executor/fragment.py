@@ -25,11 +25,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from axoplan.axes import AXES, strides
-from axoplan.layout import ordered_factorizations
-from axoplan.machine import Orientation
-from axoplan.plan import LaunchConfig
-from axoplan.schema import Frozen
+from axoplan.inputs.axes import AXES, strides
+from axoplan.inputs.machine import Orientation
+from axoplan.inputs.schema import Frozen
+from axoplan.records.plan import LaunchConfig
+from axoplan.space.layout import ordered_factorizations
 
 __all__ = ["ProbeConfig", "ProbeResult", "group_shapes", "plan_gemm_shapes", "grid_gemm_shapes", "message_sizes",
            "fit_gemm_curve", "render_fragment", "plan_gemm_phases", "orientation_speedups", "merge_fragment",
@@ -89,7 +89,7 @@ class ProbeResult(Frozen):
 def group_shapes(world_size: int) -> list[tuple[int, int]]:
     """Every (stride, size ≥ 2) that a group of some layout of `world_size` ranks has.
 
-    Strides follow the default rank order (``axoplan.axes``): X 1, Y Gx, Z Gx·Gy, data Gx·Gy·Gz.
+    Strides follow the default rank order (``axoplan.inputs.axes``): X 1, Y Gx, Z Gx·Gy, data Gx·Gy·Gz.
     """
     sizes = dict(zip(AXES, ordered_factorizations(world_size), strict=True))
     shapes = set()
@@ -109,7 +109,7 @@ def plan_gemm_shapes(plan: LaunchConfig) -> list[tuple[int, int, int]]:
 
 def plan_gemm_phases(plan: LaunchConfig) -> dict[tuple[int, int, int], str]:
     """Each local GEMM shape of the plan, in order, with the layers and phases that run it."""
-    from axoplan.executor.spec import padded_vocab
+    from axoplan.inputs.model import padded_vocab
 
     lay, model = plan.layout, plan.model
     size = {"x": lay.gx, "y": lay.gy}

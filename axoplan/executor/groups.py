@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from axoplan.axes import AXES, mesh_dims
-from axoplan.layout import Layout
+from axoplan.inputs.axes import AXES, mesh_dims
+from axoplan.space.layout import Layout
 
 __all__ = ["Groups", "build_groups", "has_backend_override"]
 

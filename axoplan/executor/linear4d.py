@@ -36,7 +36,7 @@ from axoplan.executor.groups import Groups
 from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.timing import PhaseTimer
 from axoplan.executor.tuned_matmul import GemmTuner
-from axoplan.model import layer_axes
+from axoplan.inputs.model import layer_axes
 
 __all__ = ["Runtime", "Linear4D", "block_slice", "shard_numel"]
 

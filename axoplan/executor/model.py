@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from axoplan.executor.layers import cross_entropy_y, embedding_y, layer_norm_x
 from axoplan.executor.linear4d import Linear4D, Runtime
 from axoplan.executor.reference import activation, attention_core
-from axoplan.model import LinearLayer, ModelSpec
+from axoplan.inputs.model import LinearLayer, ModelSpec
 
 __all__ = ["GPT4D"]
 

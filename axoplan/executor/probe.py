@@ -27,10 +27,10 @@ from axoplan.executor.fragment import (
     message_sizes,
 )
 from axoplan.executor.hardware import usable_cores
-from axoplan.executor.launch import DistEnv
+from axoplan.executor.ranks import DistEnv
 from axoplan.executor.spec import ExecSettings
 from axoplan.executor.train import device_name, resolve_device, resolve_dtype
-from axoplan.layout import Layout
+from axoplan.space.layout import Layout
 
 __all__ = ["probe_rank", "probe_task", "probe_in_process"]
 

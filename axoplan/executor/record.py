@@ -1,4 +1,4 @@
-"""The measured-run record of a finished run (``axoplan.runs.MeasuredRun``).
+"""The measured-run record of a finished run (``axoplan.records.runs.MeasuredRun``).
 
 ``t_step_s`` is the median over timed iterations of the slowest rank's time, and
 ``t_step_std_s`` their standard deviation. ``phase_s`` holds seconds per iteration,
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 from axoplan.executor.spec import ExecSettings
-from axoplan.plan import LaunchConfig
-from axoplan.runs import MeasuredRun, append_run
+from axoplan.records.plan import LaunchConfig
+from axoplan.records.runs import MeasuredRun, append_run
 
 __all__ = ["build_record", "write_record", "runs_path"]
 

@@ -9,7 +9,7 @@ drops the linear biases and the LayerNorm shifts (a LayerNorm, not an RMSNorm).
 Two row orders make contiguous blocks over Y carry whole heads and whole gate/up pairs
 (as Megatron lays out its fused weights): the QKV rows are grouped per KV head as
 ``[q heads of the group; k; v]``, and the SwiGLU up-projection interleaves gate and up
-rows (``2i`` gate, ``2i+1`` up). The vocabulary is padded (``spec.padded_vocab``).
+rows (``2i`` gate, ``2i+1`` up). The vocabulary is padded (``axoplan.inputs.model.padded_vocab``).
 
 ``to_local`` is the one definition of what a rank holds: the Z-chunk of its X/Y block of
 a 4D weight (the flattened block zero-padded to a multiple of Gz), or the whole tensor
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from axoplan.layout import Layout
-from axoplan.model import BLOCK_LAYERS, HEAD_LAYER, ModelSpec, layer_axes
+from axoplan.inputs.model import BLOCK_LAYERS, HEAD_LAYER, ModelSpec, layer_axes
+from axoplan.space.layout import Layout
 
 __all__ = ["ReferenceGPT", "full_state", "local_state", "param_shapes", "to_local", "weight_kind", "attention_core",
            "activation"]

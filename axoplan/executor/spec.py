@@ -10,14 +10,15 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
 
-from axoplan.axes import DEFAULT_ORDER
 from axoplan.errors import AxoplanError
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
-from axoplan.schema import Frozen, describe_validation_error
+from axoplan.inputs.axes import DEFAULT_ORDER
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.inputs.schema import Frozen, describe_validation_error
+from axoplan.records.plan import LaunchConfig
+from axoplan.space.layout import sequences_per_micro_step
 
-__all__ = ["ExecSettings", "make_settings", "Scale", "scale_plan", "check_runnable", "check_world", "padded_vocab"]
+__all__ = ["ExecSettings", "make_settings", "Scale", "scale_plan", "check_runnable", "check_world"]
 
 
 class ExecSettings(Frozen):
@@ -86,7 +87,7 @@ def scale_plan(plan: LaunchConfig, scale: Scale) -> LaunchConfig:
     model = _scaled_model(plan.model, scale)
     accum = scale.grad_accum or plan.grad_accum_steps
     lay = plan.layout
-    batch = lay.gdata * lay.gz * plan.micro_batch * accum
+    batch = sequences_per_micro_step(lay.gdata, lay.gz, plan.micro_batch) * accum
     try:
         options = RunOptions.model_validate({**plan.options.model_dump(), "global_batch": batch,
                                              "seq_len": scale.seq_len or plan.options.seq_len})
@@ -119,25 +120,17 @@ def _scaled_model(model: ModelSpec, scale: Scale) -> ModelSpec:
         raise AxoplanError(describe_validation_error(err, "scaled model", ModelSpec)) from None
 
 
-def padded_vocab(vocab: int, gx: int, gy: int) -> int:
-    """Vocabulary rounded up to a multiple of Gx·Gy, as the cost model pads it (Megatron-style).
-
-    The LM head (and the tied embedding) is a plain 4D linear: vocabulary rows over Y.
-    """
-    g = gx * gy
-    return -(-vocab // g) * g
-
 
 def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
     """Refuse a plan the planner's rules refuse (AxoplanError, one line).
 
-    The plan is checked as a one-row candidate table by ``axoplan.feasibility.check``,
+    The plan is checked as a one-row candidate table by ``axoplan.search.feasibility.check``,
     the rules ``rank`` applies, so the reasons read the same; memory is not checked
     (the executor cannot know it before it runs). AxoNN's linears also need Gz to divide
     each weight block (the native engine pads).
     """
-    from axoplan.candidates import Candidates
-    from axoplan.feasibility import check
+    from axoplan.search.feasibility import check
+    from axoplan.space.candidates import Candidates
 
     lay = plan.layout.to_layout()
     one = Candidates.single(lay, plan.micro_batch, plan.recompute, plan.cache_weights)

@@ -35,10 +35,11 @@ from axoplan.executor.model import GPT4D
 from axoplan.executor.optim import Optimizer
 from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.reference import full_state, local_state, to_local
-from axoplan.executor.spec import ExecSettings, padded_vocab
+from axoplan.executor.spec import ExecSettings
 from axoplan.executor.timing import PHASES, PhaseTimer
 from axoplan.executor.tuned_matmul import GemmTuner
-from axoplan.plan import LaunchConfig
+from axoplan.inputs.model import padded_vocab
+from axoplan.records.plan import LaunchConfig
 
 __all__ = ["RankResult", "run_rank", "synthetic_tokens", "local_batches", "resolve_device", "resolve_dtype",
            "plan_vocab"]

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from axoplan.executor.launch import DistEnv, describe_exception, resolve_task
+from axoplan.executor.ranks import DistEnv, describe_exception, resolve_task
 from axoplan.executor.record import build_record
 from axoplan.executor.spec import ExecSettings
 from axoplan.executor.train import run_rank
-from axoplan.plan import LaunchConfig
+from axoplan.records.plan import LaunchConfig
 
 __all__ = ["serve", "init_group", "run_plan_task", "run_in_process", "train_task", "leave_group",
            "native_thread_names"]

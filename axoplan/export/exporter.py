@@ -1,6 +1,6 @@
 """Export the top k layouts of a ranking: one folder each with ``plan.json`` and ``job.sh``.
 
-    plans/01-x4-y8-z1024-d1/plan.json   the launch config (axoplan.plan.LaunchConfig)
+    plans/01-x4-y8-z1024-d1/plan.json   the launch config (axoplan.records.plan.LaunchConfig)
     plans/01-x4-y8-z1024-d1/job.sh      the job script, from the machine's launcher block
 
 Everything is built and checked in memory first (launch configs round-trip, scripts pass
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from axoplan.budget import run_cost
+from axoplan.cost.budget import run_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.files import NewFile, write_all_or_nothing
 from axoplan.export.job import JobSettings
 from axoplan.export.saved import SavedRanking
 from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, benchmark_spend, job_values, render_job_script
-from axoplan.plan import LaunchConfig, plan_from_ranking
-from axoplan.ranking import Ranking
+from axoplan.records.plan import LaunchConfig, plan_from_ranking
+from axoplan.search.ranking import Ranking
 
 __all__ = ["ExportedPlan", "folder_label", "prepare_exports", "with_training", "write_exports", "top_indices",
            "summary", "benchmark_note"]
@@ -82,7 +82,7 @@ def benchmark_note(exports: list[ExportedPlan], machine: Any, settings: JobSetti
 def folder_label(plan: LaunchConfig) -> str:
     """``x4-y8-z512-d2``: the layout with its axis names, safe in a file name; ``-zxy`` is added
     when the tensor-parallel order is not AxoNN's default."""
-    from axoplan.axes import AXIS_DEFS
+    from axoplan.inputs.axes import AXIS_DEFS
 
     lay = plan.layout.to_layout()
     label = "-".join(f"{a.name[0]}{lay.size(a.name)}" for a in AXIS_DEFS)
@@ -101,7 +101,7 @@ def _checked_plan(source: Any, i: int, machine_ref: str, tokens: int | None) -> 
 
 
 def with_training(plan: LaunchConfig, tokens: int) -> LaunchConfig:
-    """`plan` recording what training `tokens` tokens costs at its predicted step time (axoplan.budget)."""
+    """`plan` recording what training `tokens` tokens costs at its predicted step time (axoplan.cost.budget)."""
     if plan.prediction is None:
         return plan
     cost = run_cost(tokens, plan.options.global_batch, plan.options.seq_len, plan.prediction.t_step_s,

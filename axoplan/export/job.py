@@ -15,8 +15,8 @@ import re
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from axoplan.errors import AxoplanError
-from axoplan.launcher import SITE_VALUES, LauncherSpec, placeholder_text
-from axoplan.schema import Frozen
+from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, placeholder_text
+from axoplan.inputs.schema import Frozen
 
 __all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_walltime", "parse_walltime",
            "site_values", "ENV_PREFIX", "SCHEDULER_NAME", "unsafe_text", "command_problem"]

@@ -1,6 +1,6 @@
 """A ranking saved by ``axoplan rank --out FILE.json``, read back for export.
 
-It offers what :func:`axoplan.plan.plan_from_ranking` reads from a live ranking
+It offers what :func:`axoplan.records.plan.plan_from_ranking` reads from a live ranking
 (``row``, ``candidates.layout``, ``model``, ``options``, ``machine``), so a saved and a
 fresh ranking give byte-identical launch configs.
 """
@@ -14,13 +14,13 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, PositiveInt, ValidationError
 
-from axoplan.axes import parse_tp_order
 from axoplan.errors import AxoplanError
-from axoplan.layout import Layout
-from axoplan.machine import Machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.schema import Frozen, describe_validation_error
+from axoplan.inputs.axes import TpOrderName, parse_tp_order
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.inputs.schema import Frozen, describe_validation_error
+from axoplan.space.layout import Layout
 
 __all__ = ["SavedRanking", "SavedRow", "load_saved_ranking"]
 
@@ -35,7 +35,7 @@ class SavedRow(Frozen):
     gy: PositiveInt
     gz: PositiveInt
     gdata: PositiveInt
-    tp_order: str = Field("xyz", pattern="^(xyz|xzy|yxz|yzx|zxy|zyx)$")
+    tp_order: TpOrderName = "xyz"
     micro_batch: PositiveInt
     recompute: bool
     cache_weights: bool
@@ -81,7 +81,7 @@ class SavedRanking:
         return Layout(r.gx, r.gy, r.gz, r.gdata, order=parse_tp_order(r.tp_order))
 
     def row(self, i: int) -> dict[str, Any]:
-        """Row i as :meth:`axoplan.ranking.Ranking.row` gives it (without the 'rank' column)."""
+        """Row i as :meth:`axoplan.search.ranking.Ranking.row` gives it (without the 'rank' column)."""
         return {k: v for k, v in self.records[i].items() if k != "rank"}
 
     def top(self, k: int) -> list[int]:

@@ -22,8 +22,7 @@ import shlex
 import shutil
 import subprocess
 
-from axoplan.axes import AXIS_DEFS, axonn_order
-from axoplan.budget import describe_cost
+from axoplan.cost.budget import describe_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.job import (
     ENV_PREFIX,
@@ -36,11 +35,12 @@ from axoplan.export.job import (
     unsafe_text,
     walltime_s,
 )
-from axoplan.launcher import SITE_VALUES, LauncherSpec, fill, placeholder_text, placeholders_in
-from axoplan.machine import Machine
-from axoplan.plan import LaunchConfig
-from axoplan.queues import QueueChoice, choose_queue
-from axoplan.staging import margin_minutes, staged
+from axoplan.inputs.axes import AXIS_DEFS, axonn_order
+from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, fill, placeholder_text, placeholders_in
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.queues import QueueChoice, choose_queue
+from axoplan.inputs.staging import margin_minutes, staged
+from axoplan.records.plan import LaunchConfig
 
 __all__ = ["render_job_script", "job_values", "time_warning", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD",
            "SCRIPT_NAME", "PLAN_NAME"]
@@ -49,7 +49,7 @@ SCRIPT_NAME = "job.sh"
 PLAN_NAME = "plan.json"
 EXECUTOR_PAYLOAD = 'python -u -m axoplan run "$AXOPLAN_PLAN"'
 _INDENT = "    "
-_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # as axoplan.launcher's
+_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # as axoplan.inputs.launcher's
 _DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.:+/@-]+")  # what a value in an #SBATCH line may be
 _MODULE = re.compile(r"[A-Za-z0-9_.:+/@%,=-]+")  # a module name
 

@@ -26,14 +26,14 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from axoplan.errors import AxoplanError, closest_hint
-from axoplan.machine import Machine, ParameterUncertainty
-from axoplan.machine_params import has_value, parameter_value, with_values
+from axoplan.inputs.machine import Machine, ParameterUncertainty
+from axoplan.inputs.machine_params import has_value, parameter_value, with_values
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
 from axoplan.validate.records import Measured
 from axoplan.validate.yamledit import format_value
 
 if TYPE_CHECKING:
-    from axoplan.uncertainty import ParameterSpread
+    from axoplan.uncertainty.intervals import ParameterSpread
 
 __all__ = ["Parameter", "PARAMETERS", "FittedParameter", "Calibration", "calibrate", "split_holdout",
            "parameter_value", "with_values", "select_parameters", "split_by_model", "HoldoutBy", "refit"]
@@ -186,8 +186,8 @@ def _fit(predictor: Predictor, measured: np.ndarray, machine: Machine, params: S
          prior: ParameterSpread | None = None) -> tuple[dict[str, float], np.ndarray, float, list[bool]]:
     """Least squares over the parameters' logarithms; with `prior`, maximum a posteriori: the data
     residuals over the model error and ``(log θ − log θ₀)/σ₀`` per parameter, θ₀ the machine's
-    sourced value and σ₀ its prior spread (``axoplan.uncertainty.prior_spread``)."""
-    from axoplan.uncertainty import DEFAULT_MODEL_SIGMA
+    sourced value and σ₀ its prior spread (``axoplan.uncertainty.intervals.prior_spread``)."""
+    from axoplan.uncertainty.intervals import DEFAULT_MODEL_SIGMA
 
     low = np.log([p.low for p in params])
     high = np.log([p.high for p in params])
@@ -244,7 +244,7 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
     machine's spread. The prior is the one by source, never an earlier fit's covariance, so
     refitting on runs that include the earlier ones does not count them twice.
     """
-    from axoplan.uncertainty import machine_spread, prior_spread
+    from axoplan.uncertainty.intervals import machine_spread, prior_spread
 
     current, prior_sigma = machine_spread(machine)
     sources = machine.uncertainty.sources if machine.uncertainty is not None else {}
@@ -266,7 +266,7 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
 
 def _source_prior(machine: Machine) -> ParameterSpread:
     """The prior by source and sourced range of every parameter (never an earlier fit's covariance)."""
-    from axoplan.uncertainty import prior_spread
+    from axoplan.uncertainty.intervals import prior_spread
 
     u = machine.uncertainty
     return prior_spread(dict(u.sources) if u else None, ranges=dict(u.ranges) if u else None)

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from axoplan.candidates import Candidates
-from axoplan.machine import Machine
-from axoplan.plan import LaunchConfig
-from axoplan.ranking import REASONS, rank_candidates
+from axoplan.inputs.machine import Machine
+from axoplan.records.plan import LaunchConfig
+from axoplan.search.ranking import REASONS, rank_candidates
+from axoplan.space.candidates import Candidates
 from axoplan.validate import metrics
 from axoplan.validate.records import Measured
 

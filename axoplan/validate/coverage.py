@@ -1,6 +1,6 @@
 """Is the uncertainty itself right? Share of measured plans inside their predicted interval.
 
-For each plan the machine's prediction interval (:mod:`axoplan.uncertainty`: parameter
+For each plan the machine's prediction interval (:mod:`axoplan.uncertainty.intervals`: parameter
 covariance plus model error, linearised) is compared with its measured time (the median of
 its repetitions). A well-calibrated 80% interval holds about 80% of the plans; the share is
 reported overall and per scenario (plans that answer the same "which layout" question).
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from axoplan.errors import AxoplanError
-from axoplan.machine import Machine
+from axoplan.inputs.machine import Machine
 from axoplan.report import plural
 from axoplan.validate.compare import PlanRuns, Predictor, aggregate, scenario_key
 from axoplan.validate.records import Measured
@@ -66,8 +66,8 @@ def cross_validated(runs: Sequence[Measured], machine: Machine, folds: int = 5, 
 
 def _inside(plans: Sequence[PlanRuns], machine: Machine, level: float) -> np.ndarray:
     """Per plan: is its measured time inside `machine`'s central `level` interval?"""
-    from axoplan.machine_params import parameter_value, with_values
-    from axoplan.uncertainty import intervals, machine_spread, sensitivities
+    from axoplan.inputs.machine_params import parameter_value, with_values
+    from axoplan.uncertainty.intervals import intervals, machine_spread, sensitivities
 
     predictor = Predictor([p.plan for p in plans])
     spread, sigma = machine_spread(machine)

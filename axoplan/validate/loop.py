@@ -9,7 +9,7 @@ scenario's measured fastest plan is among them.
 Two rules choose the next k plans of a scenario among those not yet timed:
 
 * ``suggest``: highest probability of being fastest first, one per 4D layout per round
-  (:func:`axoplan.uncertainty.suggest_indices`, as `axoplan suggest` does);
+  (:func:`axoplan.uncertainty.intervals.suggest_indices`, as `axoplan suggest` does);
 * ``point``: the k best by point prediction.
 
 Both refit the machine after every round (:func:`axoplan.validate.calibrate.refit`, warm-
@@ -26,8 +26,8 @@ from typing import Literal
 import numpy as np
 
 from axoplan.errors import AxoplanError
-from axoplan.machine import Machine
-from axoplan.ranking import Ranking, rank_candidates
+from axoplan.inputs.machine import Machine
+from axoplan.search.ranking import Ranking, rank_candidates
 from axoplan.validate.calibrate import refit
 from axoplan.validate.compare import PlanRuns, plan_candidates, scenario_key
 
@@ -82,9 +82,9 @@ def next_plans(plans: Sequence[PlanRuns], machine: Machine, timed: Sequence[int]
 
     ``suggest`` ranks the untimed plans by the probability of being faster than every other
     untimed plan *and* the fastest time measured so far (``beat_s`` of
-    :func:`axoplan.uncertainty.with_intervals`): what is measured is known, not predicted.
+    :func:`axoplan.uncertainty.intervals.with_intervals`): what is measured is known, not predicted.
     """
-    from axoplan.uncertainty import suggest_indices, with_intervals
+    from axoplan.uncertainty.intervals import suggest_indices, with_intervals
 
     untimed = [i for i in range(len(plans)) if i not in timed]
     r = _ranking([plans[i] for i in untimed], machine)

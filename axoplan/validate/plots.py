@@ -19,13 +19,13 @@ from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from axoplan.axes import AXES
 from axoplan.errors import AxoplanError
 from axoplan.fileio import check_writable, write_with
-from axoplan.machine import Machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.ranking import Ranking, rank
+from axoplan.inputs.axes import AXES
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.search.ranking import Ranking, rank
 from axoplan.validate.compare import PREDICTED_PARTS
 
 __all__ = ["PARTS", "predicted_vs_measured", "breakdown", "top_layouts", "scaling_points", "scaling",
@@ -121,7 +121,7 @@ def breakdown(table: pd.DataFrame, max_plans: int = 12, title: str = "") -> Figu
 def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
     """Predicted breakdown of the `top` best feasible layouts of a ranking; a whisker on each
     total marks its prediction interval when the ranking carries the interval columns of
-    :func:`axoplan.uncertainty.with_intervals` (docs/uncertainty.md)."""
+    :func:`axoplan.uncertainty.intervals.with_intervals` (docs/uncertainty.md)."""
     feasible = ranking.top_feasible(top)
     if not feasible:
         raise AxoplanError(f"no feasible layout of {ranking.world_size} GPUs to draw")
@@ -175,9 +175,9 @@ def scaling_points(machine: Machine, models: Sequence[ModelSpec], gpu_counts: Se
 
 
 def scaling_costs(points: pd.DataFrame, tokens: int, options: RunOptions, devices_per_node: int) -> pd.DataFrame:
-    """`points` with the days, node-hours and GPU-hours of training `tokens` tokens (axoplan.budget.run_cost);
-    NaN where nothing fits."""
-    from axoplan.budget import run_cost
+    """`points` with the days, node-hours and GPU-hours of training `tokens` tokens
+    (axoplan.cost.budget.run_cost); NaN where nothing fits."""
+    from axoplan.cost.budget import run_cost
 
     def cost(row: pd.Series) -> pd.Series:
         if math.isnan(row["t_step_s"]):
@@ -242,7 +242,7 @@ def scaling(points: pd.DataFrame, machine: Machine, options: RunOptions, tokens:
 
 def _cost_panels(points: pd.DataFrame, days_ax: Axes, hours_ax: Axes, tokens: int, machine: Machine) -> None:
     """Days to train (falls while adding GPUs pays) and node-hours (flat under perfect scaling, rising after)."""
-    from axoplan.budget import format_tokens
+    from axoplan.cost.budget import format_tokens
 
     for model, sub in points.groupby("model", sort=False):
         days_ax.plot(sub["gpus"], sub["days"], marker="o", label=str(model))

@@ -2,7 +2,7 @@
 
 Three inputs are accepted (``docs/validate.md`` documents each):
 
-* the executor's measured-run records (``.jsonl``; :mod:`axoplan.runs`), which embed
+* the executor's measured-run records (``.jsonl``; :mod:`axoplan.records.runs`), which embed
   the plan they ran;
 * axoplan's measured-run CSV (``.csv``) for runs timed with other tools: one row per
   run with the machine, the model's shape, the run options, the layout and the measured
@@ -26,17 +26,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from axoplan.axes import parse_tp_order
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable, read_text
-from axoplan.layout import Layout
-from axoplan.machine import Machine, load_machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.plan import LaunchConfig
+from axoplan.inputs.axes import parse_tp_order
+from axoplan.inputs.machine import Machine, load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.inputs.schema import describe_validation_error
+from axoplan.records.plan import LaunchConfig
+from axoplan.records.runs import read_runs
 from axoplan.report import plural
-from axoplan.runs import read_runs
-from axoplan.schema import describe_validation_error
+from axoplan.space.layout import Layout
 
 __all__ = ["Measured", "load_runs", "machine_matches", "check_machine", "vtrain_plan", "CSV_REQUIRED",
            "CSV_OPTIONAL", "VTRAIN_COLUMNS", "VTRAIN_MACHINE"]

@@ -1,6 +1,6 @@
 """How much an untuned error figure rests on each constant: the error as each moves across its range.
 
-For every uncertain parameter of the machine (``axoplan.uncertainty.machine_spread``), the
+For every uncertain parameter of the machine (``axoplan.uncertainty.intervals.machine_spread``), the
 prediction is repeated with the parameter at each end of its sourced range (the YAML's
 ``uncertainty.ranges``), or, where none is given, at the ends of its prior's central 80 %
 (``value·exp(±z·σ)``, σ by how the number is sourced), one parameter at a time. The
@@ -17,8 +17,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from axoplan.machine import Machine
-from axoplan.machine_params import parameter_value, with_values
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.machine_params import parameter_value, with_values
 from axoplan.validate import metrics
 from axoplan.validate.compare import PlanRuns, Predictor
 
@@ -55,7 +55,7 @@ class Sensitivity:
 
 def sensitivity(plans: Sequence[PlanRuns], machine: Machine, level: float = 0.8) -> Sensitivity:
     """The error of `machine` on `plans`, and with each uncertain parameter at either end of its range."""
-    from axoplan.uncertainty import machine_spread
+    from axoplan.uncertainty.intervals import machine_spread
 
     predictor = Predictor([p.plan for p in plans])
     measured = np.array([p.measured_s for p in plans])

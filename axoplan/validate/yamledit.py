@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from axoplan.machine import Machine
+from axoplan.inputs.machine import Machine
 
 __all__ = ["edit_values", "machine_yaml", "format_value"]
 

@@ -20,9 +20,9 @@ from typing import Final, Literal
 from pydantic import Field, model_validator
 
 from axoplan.errors import closest_hint
-from axoplan.queues import QueueLimit
-from axoplan.schema import Frozen
-from axoplan.staging import StagingSpec
+from axoplan.inputs.queues import QueueLimit
+from axoplan.inputs.schema import Frozen
+from axoplan.inputs.staging import StagingSpec
 
 __all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "fill", "placeholders_in",
            "placeholder_text"]
@@ -87,7 +87,8 @@ class LauncherSpec(Frozen):
                         "cache folder (no single quotes).")
     queues: tuple[QueueLimit, ...] = Field(
         (), description="Queues/QOS in order of preference, each with max wall time, node range and source; "
-                        "export picks one that fits and chains jobs when none holds the run (axoplan.queues).")
+                        "export picks one that fits and chains jobs when none holds the run "
+                        "(axoplan.inputs.queues).")
     staging: StagingSpec | None = Field(
         None, description="Broadcast the Python environment to node-local storage above a node count.")
 

@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from axoplan.errors import AxoplanError
-from axoplan.plausible import TRAINING_TOKENS, PlausibilityWarning
-from axoplan.schema import Frozen
+from axoplan.inputs.plausible import TRAINING_TOKENS, PlausibilityWarning
+from axoplan.inputs.schema import Frozen
 
 __all__ = ["parse_tokens", "RunCost", "TrainingCost", "run_cost", "steps_for", "format_tokens", "check_max_nodes",
            "within_node_hours", "budget_checks", "cost_line", "describe_cost", "rows_within_node_hours"]

@@ -5,26 +5,25 @@ A machine is a set of identical nodes. Within a node, device pairs are joined by
 GCDs on different cards); nodes are joined by NICs. Every number in a shipped YAML
 carries its source in a comment. Bandwidths are GB/s (1e9 bytes/s) per direction.
 
-    >>> from axoplan.machine import load_machine
+    >>> from axoplan.inputs.machine import load_machine
     >>> load_machine("frontier").devices_per_node
     8
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from functools import cached_property
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable
-from axoplan.launcher import LauncherSpec
-from axoplan.plausible import MACHINE_RANGES, check_plausible
-from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
+from axoplan.inputs.launcher import LauncherSpec
+from axoplan.inputs.plausible import MACHINE_RANGES, check_plausible
+from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
 __all__ = ["Machine", "Reserve", "load_machine", "shipped_machines", "machines_dir", "Orientation", "ORIENTATIONS",
            "OrientationEfficiency"]
@@ -293,29 +292,11 @@ class Machine(Frozen):
             raise ValueError("gemm.tiles need device.compute_units (the SMs or CUs tiles are scheduled on)")
         return self
 
-    @cached_property
+    @property
     def pair_bandwidth_gbs(self) -> np.ndarray:
-        """Matrix of link bandwidth between local devices (GB/s); diagonal is inf."""
-        n = self.devices_per_node
-        default = next((c.bandwidth_gbs for c in self.intra_node.link_classes if c.pairs is None), np.nan)
-        bw = np.full((n, n), default, dtype=np.float64)
-        for c in self.intra_node.link_classes:
-            for a, b in c.pairs or ():
-                bw[a, b] = bw[b, a] = c.bandwidth_gbs
-        np.fill_diagonal(bw, np.inf)
-        return bw
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Machine:
-        """A copy that recomputes what was cached from the old values (placements, link matrix)."""
-        copy = super().model_copy(update=update, deep=deep)
-        for cached in ("placement_memo", "pair_bandwidth_gbs"):
-            copy.__dict__.pop(cached, None)
-        return copy
-
-    @cached_property
-    def placement_memo(self) -> dict[tuple[int, int], object]:
-        """Memo of group placements by (stride, size); filled by `axoplan.cost.placement`."""
-        return {}
+        """Matrix of link bandwidth between local devices (GB/s); diagonal is inf. Read-only, and built
+        once per set of link classes (:func:`_pair_matrix` is cached by exactly what it reads)."""
+        return _pair_matrix(self.devices_per_node, self.intra_node.link_classes)
 
     def link_class_name(self, a: int, b: int) -> str:
         """Name of the link class joining local devices a and b."""
@@ -346,13 +327,21 @@ class Machine(Frozen):
         return self.device.peak_bf16_tflops * 1e12
 
 
+@cache
+def _pair_matrix(n: int, classes: tuple[LinkClass, ...]) -> np.ndarray:
+    default = next((c.bandwidth_gbs for c in classes if c.pairs is None), np.nan)
+    bw = np.full((n, n), default, dtype=np.float64)
+    for c in classes:
+        for a, b in c.pairs or ():
+            bw[a, b] = bw[b, a] = c.bandwidth_gbs
+    np.fill_diagonal(bw, np.inf)
+    bw.flags.writeable = False
+    return bw
+
+
 def machines_dir() -> Path:
     """Folder of shipped machine YAMLs (inside the wheel, or the source checkout)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "machines", here.parent / "machines"):
-        if candidate.is_dir():
-            return candidate
-    raise AxoplanError("the shipped machines/ folder is missing; reinstall axoplan")
+    return shipped_folder("machines")
 
 
 def shipped_machines() -> list[str]:

@@ -6,14 +6,14 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from axoplan.errors import AxoplanError
-from axoplan.ranking import Ranking
+from axoplan.search.ranking import Ranking
 
 __all__ = ["intervals_figure"]
 
 
 def intervals_figure(r: Ranking, top: int = 10) -> Figure:
     """Point prediction with its interval (left axis) and P(best) bars (right axis) of the
-    `top` best feasible layouts; `r` carries :func:`axoplan.uncertainty.with_intervals` columns."""
+    `top` best feasible layouts; `r` carries :func:`axoplan.uncertainty.intervals.with_intervals` columns."""
     rows = r.top_feasible(top)
     if not rows:
         raise AxoplanError(f"no feasible layout of {r.world_size} GPUs to draw")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from axoplan.schema import Frozen
+from axoplan.inputs.schema import Frozen
 
 __all__ = ["StagingSpec", "staged", "margin_minutes"]
 

@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from axoplan.plausible import RUN_RANGES, check_plausible
-from axoplan.schema import Frozen
+from axoplan.inputs.axes import tp_order_name
+from axoplan.inputs.plausible import RUN_RANGES, check_plausible
+from axoplan.inputs.schema import Frozen
 
 __all__ = ["RunOptions", "Choice"]
 
@@ -69,14 +70,18 @@ class RunOptions(Frozen):
     @field_validator("tp_order")
     @classmethod
     def _tp_order(cls, v: str) -> str:
-        if v != "search" and sorted(v) != ["x", "y", "z"]:
-            raise ValueError(f"tensor-parallel order {v!r}: give 'search' or a permutation of 'xyz' (innermost first)")
+        if v != "search":
+            try:
+                tp_order_name(v)
+            except ValueError:
+                raise ValueError(f"tensor-parallel order {v!r}: give 'search' or a permutation of 'xyz' (innermost "
+                                 "first)") from None
         return v
 
     @field_validator("framework")
     @classmethod
     def _known_framework(cls, v: str) -> str:
-        from axoplan.framework import shipped_frameworks
+        from axoplan.inputs.framework import shipped_frameworks
 
         known = shipped_frameworks()
         if v not in known:

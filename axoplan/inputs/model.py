@@ -20,19 +20,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable
-from axoplan.plausible import MODEL_RANGES, check_plausible
-from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
+from axoplan.inputs.plausible import MODEL_RANGES, check_plausible
+from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping
 
 __all__ = ["ModelSpec", "LinearLayer", "BLOCK_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS", "layer_axes", "PRESETS",
-           "load_model", "parse_param_count"]
+           "load_model", "parse_param_count", "padded_vocab"]
 
 Role = Literal["attention", "mlp", "head"]
+IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
 Feeds = Literal["norm", "attention", "activation"]
 
 
@@ -199,6 +202,14 @@ PRESETS: dict[str, ModelSpec] = {
     "llama3.1-70B": _llama("llama3.1-70B", 80, 8192, 64, 28672),
     "llama3.1-405B": _llama("llama3.1-405B", 126, 16384, 128, 53248),
 }
+
+
+def padded_vocab(vocab: int, gx: IntLike, gy: IntLike) -> IntLike:
+    """Vocabulary rounded up to a multiple of Gx·Gy, as Megatron pads it for tensor parallelism (the
+    LM head and the tied embedding are plain 4D linears: vocabulary rows over Y). Works on ints and
+    on integer arrays of candidates alike."""
+    g = gx * gy
+    return -(-vocab // g) * g
 
 
 def parse_param_count(name: str) -> float:

@@ -17,7 +17,7 @@ import math
 from pydantic import Field, PositiveInt, model_validator
 
 from axoplan.errors import AxoplanError
-from axoplan.schema import Frozen
+from axoplan.inputs.schema import Frozen
 
 __all__ = ["QueueLimit", "QueueChoice", "choose_queue"]
 

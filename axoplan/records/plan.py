@@ -17,13 +17,13 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
-from axoplan.axes import AXIS_DEFS, DEFAULT_ORDER, FIELDS, order_name, parse_tp_order
-from axoplan.budget import TrainingCost, steps_for
+from axoplan.cost.budget import TrainingCost, steps_for
 from axoplan.errors import AxoplanError
-from axoplan.layout import Layout
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
-from axoplan.schema import Frozen, describe_validation_error
+from axoplan.inputs.axes import AXIS_DEFS, DEFAULT_ORDER, FIELDS, TpOrderName, order_name, parse_tp_order
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.inputs.schema import Frozen, describe_validation_error
+from axoplan.space.layout import Layout, sequences_per_micro_step
 
 __all__ = ["SCHEMA_VERSION", "LayoutSpec", "PredictedStep", "LaunchConfig", "plan_id", "plan_from_ranking"]
 
@@ -31,14 +31,14 @@ SCHEMA_VERSION = 1
 
 
 class LayoutSpec(Frozen):
-    """``Gx × Gy × Gz × Gdata`` (one field per axis of ``axoplan.axes``, checked by the tests) and the
+    """``Gx × Gy × Gz × Gdata`` (one field per axis of ``axoplan.inputs.axes``, checked by the tests) and the
     tensor-parallel rank order, innermost first (``xyz``, AxoNN's default; data is outermost)."""
 
     gx: PositiveInt
     gy: PositiveInt
     gz: PositiveInt
     gdata: PositiveInt
-    tp_order: str = Field("xyz", pattern="^(xyz|xzy|yxz|yzx|zxy|zyx)$")
+    tp_order: TpOrderName = "xyz"
 
     @classmethod
     def of(cls, layout: Layout) -> LayoutSpec:
@@ -103,7 +103,7 @@ class LaunchConfig(Frozen):
               micro_batch: int, recompute: bool, cache_weights: bool,
               prediction: PredictedStep | None = None) -> LaunchConfig:
         """A plan for one layout; grad accumulation, nodes and the AxoNN arguments are derived."""
-        per_micro = layout.gdata * layout.gz * micro_batch
+        per_micro = sequences_per_micro_step(layout.gdata, layout.gz, micro_batch)
         if options.global_batch % per_micro:
             raise AxoplanError(f"global batch {options.global_batch} is not divisible by Gdata*Gz*micro-batch "
                                f"= {per_micro}")
@@ -157,7 +157,7 @@ def _contradiction(plan: LaunchConfig) -> str | None:
     if plan.nodes != nodes:
         return (f"field 'nodes' is {plan.nodes}, but {plan.world_size} GPUs at {plan.devices_per_node} per node "
                 f"need {nodes}")
-    per_step = lay.gdata * lay.gz * plan.micro_batch * plan.grad_accum_steps
+    per_step = sequences_per_micro_step(lay.gdata, lay.gz, plan.micro_batch) * plan.grad_accum_steps
     if per_step != opts.global_batch:
         return (f"field 'grad_accum_steps': Gdata*Gz*micro_batch*grad_accum_steps = {per_step} is not the global "
                 f"batch {opts.global_batch} (options.global_batch)")
@@ -218,12 +218,12 @@ def plan_id(machine: str, model: ModelSpec, options: RunOptions, layout: Layout,
 
 
 def plan_from_ranking(ranking: Any, index: int, machine_ref: str | None = None) -> LaunchConfig:
-    """The launch config of candidate `index` of a :class:`axoplan.ranking.Ranking`."""
+    """The launch config of candidate `index` of a :class:`axoplan.search.ranking.Ranking`."""
     c = ranking.candidates
     rec = ranking.row(index)
     if not rec["feasible"]:
         raise AxoplanError(f"layout {c.layout(index)} is infeasible: {rec['reason']}")
-    from axoplan.uncertainty import INTERVAL_COLUMNS
+    from axoplan.uncertainty.intervals import INTERVAL_COLUMNS
 
     numeric = {k: v for k, v in rec.items() if isinstance(v, float) and k not in INTERVAL_COLUMNS}
     pred = PredictedStep(t_step_s=rec["t_step_s"], t_compute_s=rec["t_compute_s"],

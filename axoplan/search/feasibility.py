@@ -26,11 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import label
-from axoplan.candidates import Candidates
 from axoplan.cost.memory import MemoryVerdict
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.axes import label
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import sequences_per_micro_step
 
 __all__ = ["REASONS", "Feasibility", "check"]
 
@@ -93,7 +94,7 @@ def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "n
         "dims-x": dims["x"],
         "dims-y": dims["y"],
         "heads": (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0),
-        "batch": options.global_batch % (c.gdata * c.gz * c.micro_batch) != 0,
+        "batch": options.global_batch % sequences_per_micro_step(c.gdata, c.gz, c.micro_batch) != 0,
         "zblock": zblock,
         "memory": memory.does_not_fit if memory is not None else np.zeros(n, dtype=bool),
     }
@@ -119,7 +120,7 @@ def _heads(f: Feasibility, i: int) -> str:
 
 def _batch(f: Feasibility, i: int) -> str:
     c = f.candidates
-    per = int(c.gdata[i] * c.gz[i] * c.micro_batch[i])
+    per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i]))
     return f"global batch {f.options.global_batch} is not divisible by Gdata*Gz*micro-batch = {per}"
 
 

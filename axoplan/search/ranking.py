@@ -12,21 +12,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import AXIS_DEFS, order_name, strides
-from axoplan.candidates import Candidates
 from axoplan.cost.memory import memory_verdict
 from axoplan.cost.model import Prediction, predict
 from axoplan.errors import AxoplanError
-from axoplan.feasibility import REASONS, Feasibility, check
-from axoplan.framework import load_framework
-from axoplan.layout import Layout
-from axoplan.machine import Machine
-from axoplan.model import ModelSpec
-from axoplan.options import RunOptions
+from axoplan.inputs.axes import AXIS_DEFS, order_name, strides
+from axoplan.inputs.framework import load_framework
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.search.feasibility import REASONS, Feasibility, check
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
 
-__all__ = ["Ranking", "rank", "rank_candidates", "REASONS", "smallest_feasible_world", "explain_infeasible"]
+__all__ = ["Ranking", "rank", "rank_candidates", "REASONS", "check_machine_size", "MAX_WORLD"]
 
-_MAX_WORLD = 1 << 24
+MAX_WORLD = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +109,8 @@ def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: in
     """Rank every layout of `world_size` GPUs (micro-batch and option axes included)."""
     if world_size < 1:
         raise AxoplanError(f"--gpus must be a positive number of GPUs, got {world_size}")
-    if world_size > _MAX_WORLD:
-        raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({_MAX_WORLD})")
+    if world_size > MAX_WORLD:
+        raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({MAX_WORLD})")
     check_machine_size(machine, world_size)
     return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options))
 
@@ -136,56 +136,3 @@ def rank_candidates(
     t = pred.columns["t_step_s"]
     order = np.lexsort((t, reason != 0))
     return Ranking(model, machine, options, world_size, pred, reason, order, feasibility)
-
-
-def smallest_feasible_world(model: ModelSpec, machine: Machine, options: RunOptions, start: int) -> int | None:
-    """Smallest GPU count above `start` (whole nodes or a power of two) with a feasible layout."""
-    n = machine.devices_per_node
-    counts = sorted({k * n for k in range(1, 65)} | {1 << k for k in range(25)})
-    counts += [n * 64 * 2**k for k in range(1, 16)]
-    tried = 0
-    for g in sorted(set(counts)):
-        if g <= start or g > min(_MAX_WORLD, machine.total_devices or _MAX_WORLD):
-            continue
-        if rank(model, machine, options, g).num_feasible:
-            return g
-        tried += 1
-        if tried > 60:
-            break
-    return None
-
-
-def _whole_machine(machine: Machine) -> str:
-    total = machine.total_devices
-    return f"; no GPU count up to all {total} of {machine.name} fits it" if total else ""
-
-
-def explain_infeasible(r: Ranking) -> str:
-    """One line saying why no candidate of this world size works, and what would."""
-    c = r.candidates
-    fails = r.feasibility.fails
-    if fails["positions"].any():
-        return (f"{r.feasibility.text(0, 'positions')} of {r.model.name}; use --seq-len {r.model.max_positions} or "
-                "less, or a model with more positions (max_positions in a model YAML)")
-    shape_ok = ~(fails["dims-x"] | fails["dims-y"] | fails["heads"] | fails["zblock"])
-    fits = shape_ok & ~fails["memory"]
-    where = f"{r.world_size} GPUs of {r.machine.name}"
-    if shape_ok.any() and not fits.any():  # memory binds whatever the batch
-        best = r.column("mem_need_bytes")[shape_ok].min() / 1e9
-        more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
-        fix = f"; the smallest GPU count that fits is {more}" if more else _whole_machine(r.machine)
-        return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU with the "
-                f"reserve, of {r.machine.device.hbm_gb:g} GB){fix}")
-    if fits.any():
-        from axoplan.advice import suggest_global_batches
-
-        sizes = sorted({int(v) for v in (c.gdata * c.gz)[fits]})[:6]
-        good = suggest_global_batches(r, fits)
-        fix = f"try --global-batch {' or '.join(map(str, good))}" if good else "no global batch near it fits"
-        return (f"global batch {r.options.global_batch} is not divisible by Gdata*Gz*micro-batch for any layout "
-                f"of {where} that fits (Gdata*Gz can be {', '.join(map(str, sizes))}; micro-batches "
-                f"{', '.join(map(str, r.options.micro_batches))}); {fix}")
-    more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
-    fix = f"; the smallest GPU count with a feasible layout is {more}" if more else ""
-    return (f"no layout of {where} divides {r.model.name}'s dimensions (hidden {r.model.hidden}, "
-            f"FFN {r.model.ffn}, {r.model.num_heads} heads){fix}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from axoplan.machine import Machine
+from axoplan.inputs.machine import Machine
 
 __all__ = ["parameter_value", "with_values", "has_value"]
 

@@ -30,8 +30,8 @@ __all__ = ["INTERVAL_COLUMNS", "suggest_indices", "machine_spread", "with_interv
            "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities"]
 
 if TYPE_CHECKING:
-    from axoplan.machine import Machine
-    from axoplan.ranking import Ranking
+    from axoplan.inputs.machine import Machine
+    from axoplan.search.ranking import Ranking
 
 Floats = npt.NDArray[np.float64]
 DEFAULT_MODEL_SIGMA = 0.10
@@ -86,7 +86,7 @@ def prior_spread(sources: dict[str, str] | None = None, machine: Machine | None 
                  ranges: dict[str, tuple[float, float]] | None = None) -> ParameterSpread:
     """Diagonal prior from each parameter's sourced range, else its source (measured, vendor figure,
     assumption); with `machine`, only the parameters it sets to a positive value (a spread is relative)."""
-    from axoplan.machine_params import has_value
+    from axoplan.inputs.machine_params import has_value
 
     chosen = DEFAULT_SOURCES | (sources or {})
     paths = tuple(p for p in chosen if machine is None or has_value(machine, p))
@@ -176,7 +176,7 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
     """`r` with columns ``t_low_s``, ``t_high_s``, ``p_best`` and ``tied`` (1 = tied with the best);
     ``p_best`` counts only draws faster than `beat_s` (a time already measured, see `intervals`)."""
     from axoplan.cost.model import predict
-    from axoplan.machine_params import parameter_value, with_values
+    from axoplan.inputs.machine_params import parameter_value, with_values
 
     t = r.prediction.columns["t_step_s"]
     feasible = r.reason == 0
@@ -205,7 +205,7 @@ def suggest_indices(r: Ranking, k: int) -> list[int]:
     """k candidates whose measurement most likely finds the fastest: highest P(best) first,
     one per 4D layout (micro-batch and option variants of a layout share its bottlenecks),
     then the next layouts by point prediction. `r` must carry `with_intervals` columns."""
-    from axoplan.axes import AXIS_DEFS
+    from axoplan.inputs.axes import AXIS_DEFS
 
     p = r.prediction.columns["p_best"]
     c = r.candidates

@@ -138,7 +138,7 @@ RUN_RANGES: dict[str, Range] = {
     "seq_len": Range("tokens", (1, 1 << 24), (1, 1 << 21)),
     "micro_batches.*": Range("sequences", (1, 1 << 20), (1, 1 << 12)),
 }
-"""Every numeric run option (``axoplan.options.RunOptions``) with its unit and ranges."""
+"""Every numeric run option (``axoplan.inputs.options.RunOptions``) with its unit and ranges."""
 
 TRAINING_TOKENS = Range("tokens", (1, 1e15), (1, 1e14))
 """--tokens: the largest published training runs read about 4e13 tokens; 1e15 is 25 times that."""

@@ -33,7 +33,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
 from axoplan.errors import AxoplanError, closest_hint
-from axoplan.schema import Frozen, describe_validation_error, load_yaml_mapping
+from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
 __all__ = ["PhaseCounts", "BlockCounts", "StateBytes", "MemoryRules", "FrameworkProfile", "load_framework",
            "shipped_frameworks", "frameworks_dir", "DEFAULT_FRAMEWORK"]
@@ -133,11 +133,7 @@ class FrameworkProfile(Frozen):
 
 def frameworks_dir() -> Path:
     """Folder of shipped framework profiles (inside the wheel, or the source checkout)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "frameworks", here.parent / "frameworks"):
-        if candidate.is_dir():
-            return candidate
-    raise AxoplanError("the shipped frameworks/ folder is missing; reinstall axoplan")
+    return shipped_folder("frameworks")
 
 
 def shipped_frameworks() -> list[str]:

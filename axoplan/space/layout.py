@@ -1,7 +1,7 @@
 """4D layouts and the enumeration of every layout of G GPUs.
 
 Vocabulary: an *axis* is a parallel axis (x, y, z, data; defined once in
-:mod:`axoplan.axes`); a *dim* is a tensor dimension. A layout holds one size per axis and
+:mod:`axoplan.inputs.axes`); a *dim* is a tensor dimension. A layout holds one size per axis and
 its rank order (default AxoNN's, X innermost, then Y, Z, data)::
 
     rank = ((d·Gz + z)·Gy + y)·Gx + x
@@ -14,16 +14,19 @@ placement (``docs/algorithm.md`` §3).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims, order_name, parse_tp_order
 from axoplan.errors import AxoplanError
+from axoplan.inputs.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims, order_name, parse_tp_order
 
-__all__ = ["AXES", "DEFAULT_ORDER", "Layout", "divisors", "ordered_factorizations", "parse_layout"]
+__all__ = ["AXES", "DEFAULT_ORDER", "Layout", "divisors", "ordered_factorizations", "parse_layout",
+           "sequences_per_micro_step"]
 
 IntArray = npt.NDArray[np.int64]
+IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,13 @@ class Layout:
         """``Gx x Gy x Gz x Gdata``, then ``/zxy`` when the tensor-parallel order is not AxoNN's default."""
         text = "x".join(str(v) for v in self.sizes)
         return text if self.order == DEFAULT_ORDER else f"{text}/{order_name(self.order)}"
+
+
+def sequences_per_micro_step(gdata: IntLike, gz: IntLike, micro_batch: IntLike) -> IntLike:
+    """``Gdata·Gz·micro-batch``: the sequences one micro-step of a layout takes. Z shards the batch as
+    data parallelism does (each Z rank holds its own sequences), so the global batch must be a
+    multiple of this, and ``global batch / this`` is the gradient-accumulation count. Ints or arrays."""
+    return gdata * gz * micro_batch
 
 
 def parse_layout(text: str) -> Layout:

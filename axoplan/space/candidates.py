@@ -7,9 +7,9 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.axes import AXIS_DEFS, DEFAULT_ORDER, TP_ORDERS, check_order, order_name, parse_tp_order, strides
-from axoplan.layout import Layout, ordered_factorizations
-from axoplan.options import RunOptions
+from axoplan.inputs.axes import AXIS_DEFS, DEFAULT_ORDER, TP_ORDERS, check_order, order_name, parse_tp_order, strides
+from axoplan.inputs.options import RunOptions
+from axoplan.space.layout import Layout, ordered_factorizations
 
 __all__ = ["Candidates"]
 
@@ -21,7 +21,7 @@ Bools = npt.NDArray[np.bool_]
 class Candidates:
     """Row i is one candidate: a layout, its rank order, a per-GPU micro-batch, recompute and caching.
 
-    Row i's rank order (innermost axis first, ``axoplan.axes``) is ``orders[order_id[i]]``.
+    Row i's rank order (innermost axis first, ``axoplan.inputs.axes``) is ``orders[order_id[i]]``.
     """
 
     gx: Ints

@@ -22,13 +22,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Annotated, Final
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import AfterValidator
 
 __all__ = ["Axis", "AXIS_DEFS", "AXES", "DEFAULT_ORDER", "AXIS_BY_NAME", "check_order", "strides", "mesh_dims",
-           "label", "LABELS", "FIELDS", "TP_AXES", "TP_ORDERS", "order_name", "parse_tp_order", "axonn_order"]
+           "label", "LABELS", "FIELDS", "TP_AXES", "TP_ORDERS", "order_name", "parse_tp_order", "axonn_order",
+           "tp_order_name", "TpOrderName"]
 
 Ints = npt.NDArray[np.int64]
 
@@ -81,6 +83,16 @@ def parse_tp_order(text: str) -> tuple[str, ...]:
     if sorted(text) != sorted(TP_AXES):
         raise ValueError(f"tensor-parallel order {text!r} is not a permutation of 'xyz' (innermost first)")
     return (*text, "data")
+
+
+def tp_order_name(text: str) -> str:
+    """`text` if it names a tensor-parallel order (``xyz``, ``zxy``, ...; ValueError otherwise)."""
+    parse_tp_order(text)
+    return text
+
+
+TpOrderName = Annotated[str, AfterValidator(tp_order_name)]
+"""A field holding a tensor-parallel order's name: what plans, saved rankings and options accept."""
 
 
 def axonn_order(order: Sequence[str]) -> list[str]:

@@ -23,8 +23,8 @@ from pathlib import Path
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError
-from axoplan.plan import LaunchConfig
-from axoplan.schema import Frozen, describe_validation_error
+from axoplan.inputs.schema import Frozen, describe_validation_error
+from axoplan.records.plan import LaunchConfig
 
 __all__ = ["RUN_SCHEMA_VERSION", "MeasuredRun", "append_run", "read_runs", "keep_record"]
 

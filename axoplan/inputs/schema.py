@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from axoplan.errors import AxoplanError, closest_hint
 
-__all__ = ["Frozen", "describe_validation_error", "load_yaml_mapping"]
+__all__ = ["Frozen", "describe_validation_error", "load_yaml_mapping", "shipped_folder"]
 
 
 class Frozen(BaseModel):
@@ -106,3 +106,13 @@ def _unique_key_loader() -> Any:
             return super().construct_mapping(node, deep=deep)
 
     return UniqueKeyLoader
+
+
+def shipped_folder(name: str) -> Path:
+    """A folder of data shipped with axoplan (``machines``, ``frameworks``): inside the installed
+    package (the wheel force-includes it there), or beside it in a source checkout."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / name, package.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise AxoplanError(f"the shipped {name}/ folder is missing; reinstall axoplan")

@@ -1,0 +1,125 @@
+"""The step of every candidate from its parts: GEMM, non-GEMM and optimizer compute, the host's
+ops and the device's kernel gaps, each axis's total and exposed communication, what hidden
+collectives take from the compute beside them and the wait for the slowest GPU
+(``axoplan.cost.scale``), then the step time, throughput, MFU and HFU (``axoplan.cost.flops``)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.cost.compute import memory_bound_s
+from axoplan.cost.flops import hardware_flops, model_flops
+from axoplan.cost.layers import Groups, Layer
+from axoplan.cost.memory import replicated_params, sharded_params
+from axoplan.cost.scale import interference_s, straggler_factor
+from axoplan.cost.terms import CollectiveTerm
+from axoplan.inputs.axes import AXES
+from axoplan.inputs.framework import FrameworkProfile
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+
+__all__ = ["compute_columns", "step_columns"]
+
+Floats = npt.NDArray[np.float64]
+
+
+def compute_columns(
+    layers: list[Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats,
+    dilation: Floats | None = None,
+) -> dict[str, Floats]:
+    rec = c.recompute.astype(np.float64)
+    gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
+    other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
+    params = sharded_params(model, c) + replicated_params(model)
+    optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
+    if dilation is not None:
+        optimizer = optimizer * dilation
+    return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
+
+
+def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates) -> tuple[Floats, Floats]:
+    """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/inputs/framework.py``):
+    every block's forward, again when recomputed with the checkpoint's bookkeeping, its backward,
+    then the head's forward and backward."""
+    rec = c.recompute.astype(np.float64)
+    blk, head = profile.block, profile.head
+    fwd_k, bwd_k = profile.kernels_per_block
+    ops = model.num_layers * (blk.forward.host_ops * (1.0 + rec) + blk.backward.host_ops
+                              + blk.recompute_extra_host_ops * rec)
+    kernels = model.num_layers * (fwd_k * (1.0 + rec) + bwd_k)
+    ops = ops + head.forward.host_ops + head.backward.host_ops
+    kernels = kernels + sum(p.kernels + p.gemm_kernels for p in (head.forward, head.backward))
+    return ops, kernels
+
+
+def _host_s(
+    profile: FrameworkProfile, model: ModelSpec, machine: Machine, c: Candidates, terms: list[CollectiveTerm],
+    n_micro: Floats,
+) -> tuple[Floats, Floats]:
+    """Host seconds and device kernel-gap seconds per step.
+
+    Each host op costs ``host.op_us`` and each kernel launched on the device another
+    ``host.launch_us`` (the driver's launch call: about 3 µs for an empty kernel, Boyer,
+    "CUDA kernel overhead", U. Virginia; 5–20 µs CPU-side in PyTorch traces, Meta's
+    HolisticTraceAnalysis docs); each collective call on a group of more than one rank is one
+    more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
+    each kernel costs the device ``device.kernel_gap_us`` besides its work."""
+    ops, kernels = _per_micro_counts(profile, model, c)
+    calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms
+                if t.phase != "step" and not t.is_drain) / n_micro
+    host = n_micro * ((ops + calls) * machine.host.op_us + (kernels + calls) * machine.host.launch_us) * 1e-6
+    gaps = n_micro * (kernels + calls) * machine.device.kernel_gap_us * 1e-6
+    return host, gaps
+
+
+def _host_idle_s(machine: Machine, host_s: Floats, device_s: Floats) -> Floats:
+    """Time the device waits for the host. A GPU runs kernels while the host issues the next
+    ones, so per micro-batch the slower of the two sets the pace: idle = max(host − device, 0)
+    (the host-bound regime of eager frameworks). A CPU 'device' is the host: the overhead adds."""
+    if machine.host.overlaps_device:
+        return np.maximum(host_s - device_s, 0.0)
+    return host_s
+
+
+def step_columns(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: Groups,
+    terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, profile: FrameworkProfile,
+    dilation: Floats | None = None,
+) -> dict[str, Floats]:
+    """The step: compute, exposed collectives, what hidden collectives take from the compute beside
+    them, the wait for the slowest GPU, and the time the device waits for the host."""
+    cols = dict(compute)
+    totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
+    comm_axes = (*AXES, "world")
+    for axis in comm_axes:
+        cols[f"t_comm_{axis}_s"] = cast(Floats, sum(total for a, total, _ in totals if a == axis))
+        cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
+    cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
+    cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
+    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro)
+    if dilation is not None:  # the host shares the cores too
+        host_s = host_s * dilation
+    cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s
+    cols["t_compute_s"] = compute["t_gemm_s"] + cols["t_nongemm_s"] + compute["t_optimizer_s"]
+    cols["t_interference_s"] = cast(Floats, sum(
+        interference_s(np.maximum(cols[f"t_comm_{a}_s"] - cols[f"t_exposed_{a}_s"], 0.0), g.crosses[a],
+                       machine.intra_node.processor_usage, machine.inter_node.processor_usage) for a in comm_axes))
+    busy = compute["t_gemm_s"] + cols["t_nongemm_s"] + cols["t_interference_s"]
+    cols["t_straggler_s"] = busy * straggler_factor(machine.device.speed_variation, c.world_size)
+    device_s = busy + cols["t_straggler_s"] + cast(Floats, sum(t.exposed_s for t in terms if t.phase != "step"))
+    cols["t_host_idle_s"] = _host_idle_s(machine, host_s, device_s)
+    step = (cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_interference_s"] + cols["t_straggler_s"]
+            + cols["t_host_idle_s"])
+    cols["t_step_s"] = step
+    world = c.world_size.astype(np.float64)
+    hw = hardware_flops(model, options, c.recompute)
+    cols["tflops_per_gpu"] = hw / step / world / 1e12
+    cols["pct_peak"] = 100.0 * hw / step / world / machine.peak_flops
+    cols["mfu"] = 100.0 * model_flops(model, options) / step / world / machine.peak_flops
+    cols["grad_accum"] = n_micro
+    return cols
