@@ -46,6 +46,9 @@ def export(
         "--partition", envvar="AXOPLAN_PARTITION", help=_SITE_HELP.format("PARTITION"), show_default=False)] = None,
     qos: Annotated[str | None, typer.Option(
         "--qos", envvar="AXOPLAN_QOS", help=_SITE_HELP.format("QOS"), show_default=False)] = None,
+    queue: Annotated[str | None, typer.Option(
+        "--queue", envvar="AXOPLAN_QUEUE", help="PBS or Flux queue (-q). " + _SITE_HELP.format("QUEUE"),
+        show_default=False)] = None,
     python_env: Annotated[str | None, typer.Option(
         "--python-env", envvar="AXOPLAN_PYTHON_ENV", help="Python environment (venv or conda) with PyTorch and "
         "axoplan, activated by the script. " + _SITE_HELP.format("PYTHON_ENV"), show_default=False)] = None,
@@ -78,7 +81,7 @@ def export(
 
     Ranks --model on --gpus GPUs of --machine (same options as `axoplan rank`), or reads a
     ranking saved with `axoplan rank --out FILE.json` (--ranking). Job scripts follow the
-    machine YAML's launcher block (Slurm or torchrun). Existing files are never replaced
+    machine YAML's launcher block (Slurm, Flux, PBS or torchrun). Existing files are never replaced
     without --force, and a failed export writes nothing.
     """
     from axoplan.cost.budget import parse_tokens
@@ -86,7 +89,7 @@ def export(
     from axoplan.export.exporter import benchmark_note
     from axoplan.export.job import parse_walltime
 
-    site = {"account": account, "partition": partition, "qos": qos, "python_env": python_env,
+    site = {"account": account, "partition": partition, "qos": qos, "queue": queue, "python_env": python_env,
             "container": container}
     n_tokens = parse_tokens(tokens) if tokens is not None else None
     settings = _settings(iterations=iterations or 100, margin_minutes=margin_minutes, command=command,
@@ -107,7 +110,7 @@ def export(
     assert launcher is not None  # prepare_exports refused a machine without one
     typer.echo(f"exported {len(exports)} layout{'s' if len(exports) > 1 else ''} of {source.model.name} on "
                f"{source.world_size} GPUs of {source.machine.name} to {out_dir}\n")
-    typer.echo(summary(exports, out_dir, launcher.scheduler))
+    typer.echo(summary(exports, out_dir, launcher))
     if exports[0].plan.training is not None:
         from axoplan.cost.budget import describe_cost
 

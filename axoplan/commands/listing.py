@@ -2,25 +2,45 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 __all__ = ["machines", "models"]
 
 
 def machines() -> None:
-    """List the machines that ship with axoplan."""
+    """List the machines that ship with axoplan: size, device, dense peak, HBM and scheduler."""
     from axoplan.inputs.machine import load_machine, machines_dir, shipped_machines
     from axoplan.report import text_table
 
-    rows = []
-    for name in shipped_machines():
-        m = load_machine(name)
-        rows.append([name, str(m.devices_per_node), m.device.name, f"{m.device.peak_bf16_tflops:g}",
-                     f"{m.device.hbm_gb:g}", f"{m.inter_node.injection_gbs:g}",
-                     "yes" if m.measured_bandwidth else "no"])
-    typer.echo(text_table(["machine", "devices/node", "device", "bf16 TFLOP/s", "HBM GB", "injection GB/s",
-                           "measured bw"], rows, [False, True, False, True, True, True, False]))
-    typer.echo(f"\nfrom {machines_dir()}; any other machine: --machine path/to/machine.yaml")
+    rows = [_machine_row(name, load_machine(name)) for name in shipped_machines()]
+    typer.echo(text_table(["machine", "nodes", "per node", "GPUs", "device", "TFLOP/s", "HBM GB", "scheduler"],
+                          rows, [False, True, True, True, False, True, False, False]))
+    typer.echo("\nnodes: what one job can use ('-': a node type without a size); per node: devices, and in brackets "
+               "how many\nshare one fabric across nodes (a scale-up domain); TFLOP/s: dense bf16 peak per device; HBM "
+               "'shared': the CPU uses\nit too, '+N CPU': N GB of CPU memory the device can address")
+    typer.echo(f"from {machines_dir()}; any other machine: --machine path/to/machine.yaml")
+
+
+def _machine_row(name: str, m: Any) -> list[str]:
+    """One machine as `machines` lists it."""
+    per_node = str(m.devices_per_node)
+    if m.scale_up is not None:
+        per_node += f" ({m.scale_up.devices})"
+    total = m.total_devices
+    scheduler = m.launcher.scheduler if m.launcher is not None else "-"
+    return [name, "-" if m.nodes is None else f"{m.nodes:,}", per_node, "-" if total is None else f"{total:,}",
+            m.device.name, f"{m.device.peak_bf16_tflops:g}", _hbm(m.device), scheduler]
+
+
+def _hbm(device: Any) -> str:
+    """HBM per device, GB, and how it is shared with the CPU."""
+    text = f"{device.hbm_gb:g}"
+    unified = device.unified_memory
+    if unified is None:
+        return text
+    return f"{text} shared" if unified.kind == "shared" else f"{text} +{unified.cpu_memory_gb:g} CPU"
 
 
 def models() -> None:

@@ -23,8 +23,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 __all__ = ["Flag", "RUN_FLAGS", "MODEL_FLAGS", "ModelFlags", "shared_options", "OnOffSearch", "Attention",
-           "Precision", "GradReduceDtype", "parse_ints", "GpusOpt", "MachineOpt",
-           "TokensOpt"]
+           "Precision", "GradReduceDtype", "AxonnPath", "MoeImpl", "BackwardGather", "GradSync", "parse_ints",
+           "GpusOpt", "MachineOpt", "TokensOpt"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +48,28 @@ class Precision(StrEnum):
 class GradReduceDtype(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
+
+
+class AxonnPath(StrEnum):
+    megatron = "megatron"
+    hf = "hf"
+
+
+class MoeImpl(StrEnum):
+    auto = "auto"
+    hf_mixtral = "hf-mixtral"
+    native = "native"
+
+
+class BackwardGather(StrEnum):
+    prefetched = "prefetched"
+    blocking = "blocking"
+
+
+class GradSync(StrEnum):
+    auto = "auto"
+    flat = "flat"
+    per_tensor = "per-tensor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +122,19 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("framework", ("--framework",), str, "axonn",
          "Training code whose host work, memory and collectives are modelled (frameworks/<name>.yaml): axonn, "
          "pytorch-fsdp, megatron-lm, megatron-deepspeed or axoplan-executor."),
+    Flag("axonn_path", ("--axonn-path",), AxonnPath, AxonnPath.megatron,
+         "How AxoNN is run: megatron (Megatron-AxoNN's expert-mode linears) or hf (Hugging Face / Lightning: "
+         "every GPU its own sequences, activations redistributed around every linear)."),
+    Flag("moe_impl", ("--moe-impl",), MoeImpl, MoeImpl.auto,
+         "MoE models: hf-mixtral (AxoNN's Mixtral patch, a 4D linear per expert), native (AxoNN's DroplessMoEMLP) "
+         "or auto (hf-mixtral on the hf path, native on megatron)."),
+    Flag("expert_tp", ("--expert-tp",), int, 1,
+         "Native MoE: the tensor-parallel size of DroplessMoEMLP inside Z (tokens gathered over it).", {"min": 1}),
+    Flag("backward_gather", ("--backward-gather",), BackwardGather, BackwardGather.prefetched,
+         "Backward Z all-gathers: prefetched behind the neighbouring layer, or blocking as AxoNN's code runs them."),
+    Flag("grad_sync", ("--grad-sync",), GradSync, GradSync.auto,
+         "Replicated parameters' gradient all-reduce: flat (one call), per-tensor (AxoNN's sync_gradients) or auto "
+         "(flat on megatron, per-tensor on hf)."),
 )
 """One flag per RunOptions field, named by the field."""
 

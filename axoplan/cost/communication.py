@@ -1,7 +1,10 @@
 """The collectives of one step, with their exposed parts (the table in ``axoplan.cost.model``):
 each linear layer's tensor-parallel all-reduces and data all-reduce, its Z all-gathers and
 reduce-scatters by unit (``axoplan.cost.zsharding``), the small statistics all-reduces of norms
-and the loss, and the world all-reduce of replicated parameters."""
+and the loss, and the world all-reduce of replicated parameters (one call, or one per tensor as AxoNN's
+``sync_gradients`` issues them: ``RunOptions.grad_sync``). On the Hugging Face path the linears'
+redistributions and the token table's collectives are ``axoplan.cost.hfpath``'s, and the norms and the
+loss need no statistics (they run at full width); the native MoE module's are ``axoplan.cost.moe``'s."""
 
 from __future__ import annotations
 
@@ -11,11 +14,14 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
+from axoplan.cost.hfpath import embedding_terms, redistribution_terms
 from axoplan.cost.layers import BYTES, Groups, Layer
 from axoplan.cost.memory import replicated_params
+from axoplan.cost.moe import native_groups, native_terms
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.cost.zsharding import ZGroup, ZUnit, z_terms
 from axoplan.inputs.framework import FrameworkProfile
+from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
@@ -27,7 +33,7 @@ Floats = npt.NDArray[np.float64]
 
 def collective_terms(
     layers: list[Layer], g: Groups, options: RunOptions, c: Candidates, model: ModelSpec, n_micro: Floats,
-    tokens: Floats, profile: FrameworkProfile,
+    tokens: Floats, profile: FrameworkProfile, machine: Machine | None = None,
 ) -> list[CollectiveTerm]:
     terms: list[CollectiveTerm] = []
     last_in_block = [lay for lay in layers if lay.spec.role != "head"][-1]
@@ -38,7 +44,12 @@ def collective_terms(
     z = ZGroup(g.size["z"], g.stride["z"], g.bw["z"], coll.all_gather_s(0.0 * n_micro, g.size["z"], g.bw["z"],
                                                                          g.ring["z"]))
     terms += z_terms(_z_units(layers, g, options, profile), z, options, c, n_micro)
-    terms += _statistics_terms(model, g, c, tokens, n_micro)
+    if options.hf_path:
+        terms += redistribution_terms(layers, g, c, n_micro) + embedding_terms(model, options, g, c, n_micro, tokens)
+    else:
+        terms += _statistics_terms(model, g, c, tokens, n_micro)
+    if any(lay.native_moe for lay in layers) and machine is not None:
+        terms += native_terms(model, options, c, native_groups(machine, c, g.stride["z"], options), n_micro, tokens)
     terms.append(_world_term(model, options, g, n_micro))
     return terms
 
@@ -47,7 +58,7 @@ def _z_units(layers: list[Layer], g: Groups, options: RunOptions, profile: Frame
     """What each Z all-gather moves (``axoplan.cost.zsharding``): each linear layer, or (FSDP) each
     block's four together; the LM head on its own, kept gathered where the framework keeps its root."""
     head = [lay for lay in layers if lay.spec.role == "head"]
-    block = [lay for lay in layers if lay.spec.role != "head"]
+    block = [lay for lay in layers if lay.spec.role != "head" and not lay.native_moe]
     keep_root = profile.memory.embedding_gathered
     units = [_unit(lay.spec.name, [lay], g, options, profile) for lay in block]
     if profile.z_gather_unit == "block":
@@ -63,7 +74,8 @@ def _unit(name: str, parts: list[Layer], g: Groups, options: RunOptions, profile
     return ZUnit(name=name, count=parts[0].count, recomputed=parts[0].spec.recomputed,
                  ag_s=coll.all_gather_s(gathered, *z), rs_s=coll.reduce_scatter_s(grads, *z), ag_bytes=gathered,
                  rs_bytes=grads, compute_fwd_s=cast(Floats, sum(lay.compute_fwd for lay in parts)),
-                 compute_bwd_s=cast(Floats, sum(lay.compute_bwd for lay in parts)), stays_gathered=stays_gathered)
+                 compute_bwd_s=cast(Floats, sum(lay.compute_bwd for lay in parts)), stays_gathered=stays_gathered,
+                 attached_bwd_s=cast(Floats, sum(lay.extra_bwd for lay in parts)))
 
 
 def _rs_bytes(profile: FrameworkProfile, options: RunOptions) -> float:
@@ -102,11 +114,15 @@ def _linear_terms(
 
 
 def _world_term(model: ModelSpec, options: RunOptions, g: Groups, n_micro: Floats) -> CollectiveTerm:
-    """One all-reduce of the replicated parameters' gradients over the whole world per step."""
-    nbytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes)
+    """The replicated parameters' gradients all-reduced over the whole world once per step: in one call, or
+    one call per tensor as AxoNN's ``sync_gradients`` issues them (``vectorize=False``, its default and
+    Megatron-AxoNN's and the Lightning strategy's call: ``intra_layer/__init__.py``; ``axonn.md`` §8.3), each
+    paying the all-reduce's latency."""
+    calls = float(model.replicated_tensors()) if options.per_tensor_sync else 1.0
+    nbytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes / calls)
     t = coll.all_reduce_s(nbytes, g.size["world"], g.bw["world"], g.lat["world"])
     return CollectiveTerm("norms+biases", "step", "all-reduce", "world", g.size["world"].astype(np.int64),
-                          g.stride["world"], nbytes, np.ones_like(n_micro), g.bw["world"], t, t)
+                          g.stride["world"], nbytes, np.full_like(n_micro, calls), g.bw["world"], t, t)
 
 
 def _statistics_terms(

@@ -6,7 +6,8 @@ forward as if no mask skipped anything, without recompute (Narayanan et al., SC'
 is Megatron-LM's, llm-foundry's (its ``mfu``: ``3·flops_per_seq + 3·attn_flops_per_seq``) and
 torchtitan's count (``6·N + 12·L·H·Q·T`` per token), so axoplan's MFU compares with theirs; it
 counts the GEMM parameters (blocks and the LM head), not norms, biases or position embeddings
-(llm-foundry's ``n_params`` counts all, a difference under 1 % for these models). MaxText's count
+(llm-foundry's ``n_params`` counts all, a difference under 1 % for these models); a mixture of experts counts
+the parameters a token runs through (its ``top_k`` experts). MaxText's count
 halves causal attention, so its MFU reads lower than these for the same run.
 
 **Hardware flops** (HFU's numerator, ``pct_peak``): the flops the kernels execute. GEMMs three
@@ -28,9 +29,14 @@ from axoplan.inputs.options import RunOptions
 __all__ = ["model_flops", "hardware_flops"]
 
 
-def _gemm_params(model: ModelSpec) -> int:
-    per_block = sum(lin.num_params for lin in model.block_linears())
-    return model.num_layers * per_block + model.vocab * model.hidden
+def _active_block_params(model: ModelSpec) -> float:
+    """GEMM parameters of one block a token runs through: a mixture of experts' ``top_k`` experts, not all
+    ``E`` (Mixtral's "active parameters"); every linear of a dense block."""
+    return sum(lin.num_params * lin.token_share for lin in model.block_linears())
+
+
+def _gemm_params(model: ModelSpec) -> float:
+    return model.num_layers * _active_block_params(model) + model.vocab * model.hidden
 
 
 def model_flops(model: ModelSpec, options: RunOptions) -> float:
@@ -43,7 +49,7 @@ def hardware_flops(
     model: ModelSpec, options: RunOptions, recompute: npt.NDArray[np.bool_]
 ) -> npt.NDArray[np.float64]:
     """Flops the kernels execute in one step (the module docstring's count)."""
-    per_block = sum(lin.num_params for lin in model.block_linears())
+    per_block = _active_block_params(model)
     rec = recompute.astype(np.float64)
     gemm = options.tokens * (6.0 * _gemm_params(model) + rec * 2.0 * model.num_layers * per_block)
     attention_fwd = 4.0 * options.tokens * model.num_layers * options.seq_len * model.hidden

@@ -6,19 +6,26 @@ axis's group (size, stride, bandwidth, latency) as `axoplan.cost.placement` plac
 Shapes (``docs/algorithm.md`` §1): a plain layer's input features are split over X and its
 output features over Y (a transposed layer swaps them); ``m_l = micro_batch · S`` tokens per
 GPU; a Z-gathered weight block is ``k·n/(Gx·Gy)`` elements.
+
+On the Hugging Face path (``RunOptions.axonn_path``, ``docs/algorithm.md`` §4b) every GPU holds its own
+``m_l`` tokens at full width; each linear gathers the tokens of its X·Y group first, so its GEMMs
+see ``Gx·Gy·m_l`` rows, while the work between linears (norms, attention, element-wise) runs once
+on the GPU's own tokens, all heads, repeated nowhere. An expert linear of a mixture of experts sees
+``top_k/E`` of those rows (``axoplan.cost.moe``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
 from axoplan.cost.attention import fused_attention_s, unfused_attention_s
-from axoplan.cost.compute import memory_bound_s
-from axoplan.cost.memory import vocab_rows
+from axoplan.cost.compute import gemm_s, memory_bound_s
+from axoplan.cost.memory import mlp_width, vocab_rows
+from axoplan.cost.moe import expert_plan
 from axoplan.cost.orientation import Phase, phase_gemm_s
 from axoplan.cost.placement import place_groups
 from axoplan.inputs.framework import FrameworkProfile
@@ -52,7 +59,7 @@ class Layer:
     """Shapes and raw times of one linear layer for one micro-batch."""
 
     spec: LinearLayer
-    count: int
+    count: int  # calls of this linear per micro-batch (layers, times experts where each is its own linear)
     in_axis: str
     out_axis: str
     t_fwd: Floats
@@ -67,6 +74,10 @@ class Layer:
     bytes_out: Floats
     bytes_in: Floats
     bytes_shard: Floats
+    rows: Floats  # tokens one call's GEMMs see on one GPU (after the hf path's gathers)
+    own_rows: Floats  # tokens one call takes from this GPU (before the hf path's gathers)
+    n_full: Floats  # output features of the whole layer (the padded vocabulary for the LM head)
+    native_moe: bool = False  # a DroplessMoEMLP projection (its Z traffic is axoplan.cost.moe's)
 
     @property
     def compute_fwd(self) -> Floats:
@@ -104,20 +115,39 @@ def linear_layers(
     extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens, profile)
     extra_bwd = {k: 2.0 * v for k, v in extra_fwd.items()}  # a backward reads and writes about twice the forward
     attention = unfused_attention_s if options.attention == "unfused" else fused_attention_s
-    extra_fwd["attention"], extra_bwd["attention"] = attention(model, machine, options, c)
+    heads_of = _full_width(c) if options.hf_path else c  # hf: every head on the GPU's own sequences
+    extra_fwd["attention"], extra_bwd["attention"] = attention(model, machine, options, heads_of)
+    router_fwd = _router_s(model, machine, tokens)
     vocab = vocab_rows(model, c)
     shapes = _GemmShapes.of(c)
+    rows = tokens * (c.gx * c.gy).astype(np.float64) if options.hf_path else tokens
     out = []
     for spec in (*block, model.head_linear(0)):
         head = spec.role == "head"
-        n = vocab if head else np.float64(spec.n_out)
-        count = 1 if head else model.num_layers
         part = "logits" if head else "elementwise"
         share = 1.0 if head else 1.0 / len(block)
         fwd = extra_fwd[part] * share + (extra_fwd["attention"] if spec.input == "attention" else 0.0)
         bwd = extra_bwd[part] * share + (extra_bwd["attention"] if spec.input == "attention" else 0.0)
-        out.append(_layer(spec, n, count, machine, options, g, tokens, fwd, bwd, shapes, dilation))
+        if spec.name == "expert_up":  # the router and its top-k run before the experts, on the GPU's own tokens
+            fwd, bwd = fwd + router_fwd, bwd + 2.0 * router_fwd
+        plan = expert_plan(spec, model, options, c, rows, tokens)
+        n = vocab if head else np.float64(plan.spec.n_out)
+        lay = _layer(plan.spec, n, (1 if head else model.num_layers) * plan.calls, machine, options, g, plan.rows,
+                     fwd, bwd, shapes, dilation, plan.gemm_factor, plan.shard_elems)
+        out.append(replace(lay, own_rows=tokens * spec.token_share, native_moe=plan.native))
     return out
+
+
+def _full_width(c: Candidates) -> Candidates:
+    """The candidates as the hf path's attention sees them: every head (no split over Y)."""
+    return replace(c, gy=np.ones_like(c.gy))
+
+
+def _router_s(model: ModelSpec, machine: Machine, tokens: Floats) -> Floats:
+    """Forward seconds of an MoE block's replicated router ``[m × H]·[H × E]`` (0 for a dense model)."""
+    if model.moe is None:
+        return 0.0 * tokens
+    return gemm_s(machine, tokens, np.full_like(tokens, model.moe.num_experts), np.full_like(tokens, model.hidden))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,22 +176,27 @@ class _GemmShapes:
 def _layer(
     spec: LinearLayer, n: Floats | np.float64, count: int, machine: Machine, options: RunOptions,
     g: Groups, tokens: Floats, extra_fwd: Floats, extra_bwd: Floats, shapes: _GemmShapes,
-    dilation: Floats | None = None,
+    dilation: Floats | None = None, gemm_factor: Floats | float = 1.0, shard_elems: Floats | None = None,
 ) -> Layer:
+    """One call of a linear: `tokens` rows into its GEMMs (times `gemm_factor`: the wait for the most loaded
+    shard of an expert), its ``k·n/(Gx·Gy)`` block (all experts' where one grouped linear holds them), and the
+    shard a GPU keeps (`shard_elems`, or the block's Z-chunk)."""
     in_axis, out_axis = spec.in_axis, spec.out_axis
     k_loc, n_loc = spec.k_in / g.size[in_axis], n / g.size[out_axis] + 0.0 * tokens
     tuned = options.tuned_gemm
+    time = shapes.time  # every row count here is the micro-batch's tokens times a function of Gx, Gy and options
     if options.overlap_forward_all_reduce:
-        t_fwd = 2.0 * shapes.time(machine, tokens / 2.0, n_loc, k_loc, "forward", tuned)
+        t_fwd = 2.0 * time(machine, tokens / 2.0, n_loc, k_loc, "forward", tuned)
     else:
-        t_fwd = shapes.time(machine, tokens, n_loc, k_loc, "forward", tuned)
-    t_dx = shapes.time(machine, tokens, k_loc, n_loc, "dx", tuned)
-    t_dw = shapes.time(machine, n_loc, k_loc, tokens, "dw", tuned)
+        t_fwd = time(machine, tokens, n_loc, k_loc, "forward", tuned)
+    t_dx = time(machine, tokens, k_loc, n_loc, "dx", tuned)
+    t_dw = time(machine, n_loc, k_loc, tokens, "dw", tuned)
+    t_fwd, t_dx, t_dw = (t * gemm_factor for t in (t_fwd, t_dx, t_dw))
     extra_fwd, extra_bwd = np.broadcast_to(extra_fwd, tokens.shape), np.broadcast_to(extra_bwd, tokens.shape)
     if dilation is not None:
         t_fwd, t_dx, t_dw, extra_fwd, extra_bwd = (t * dilation for t in (t_fwd, t_dx, t_dw, extra_fwd, extra_bwd))
-    block = spec.k_in * n / (g.size["x"] * g.size["y"])
-    shard = np.ceil(block / g.size["z"])
+    block = spec.k_in * n * spec.experts / (g.size["x"] * g.size["y"])
+    shard = np.ceil(block / g.size["z"]) if shard_elems is None else shard_elems
     bytes_block, bytes_out, bytes_in = block * BYTES, tokens * n_loc * BYTES, tokens * k_loc * BYTES
     bytes_shard = shard * options.grad_reduce_bytes
     return Layer(
@@ -171,6 +206,7 @@ def _layer(
         ar_bwd=coll.all_reduce_s(bytes_in, g.size[out_axis], g.bw[out_axis], g.lat[out_axis]),
         ar_data=coll.all_reduce_s(bytes_shard, g.size["data"], g.bw["data"], g.lat["data"]),
         bytes_block=bytes_block, bytes_out=bytes_out, bytes_in=bytes_in, bytes_shard=bytes_shard,
+        rows=tokens, own_rows=tokens, n_full=n + 0.0 * tokens,
     )
 
 
@@ -187,8 +223,10 @@ def _nongemm_fwd_s(
     ``axoplan.cost.attention``'s.
     """
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+    if options.hf_path:  # the GPU's own tokens at full width (docs/algorithm.md §4b)
+        gx, gy = np.ones_like(gx), np.ones_like(gy)
     act = 3.0 if model.ffn_kind == "swiglu" else 2.0
-    ew_bytes = tokens * (10.0 * model.hidden / gx + act * model.ffn / gy) * BYTES
+    ew_bytes = tokens * (10.0 * model.hidden / gx + act * mlp_width(model) / gy) * BYTES
     logits_bytes = tokens * vocab_rows(model, c) / gy * profile.loss_traffic_bytes / 3.0  # forward's third
     return {
         "elementwise": memory_bound_s(machine, ew_bytes),

@@ -21,6 +21,14 @@ Every figure is bytes per GPU for every candidate, from the framework's rules
   output). Flash attention keeps no ``S²`` scores (Dao et al. 2022). Under full recompute only
   each block's input (``2·H/Gx``) is kept, plus one block's working set.
 * **Logits**: ``tokens·V/Gy·logits_bytes`` while the loss runs.
+* **The Hugging Face path** (``docs/algorithm.md`` §4b): activations at full width on the GPU's own tokens,
+  plus the gathered input every linear's ``AsyncLinear`` keeps for its dW (``tokens·k·G_out`` elements:
+  its rows gathered over X·Y, its features split over its in-axis group); logits of the whole vocabulary;
+  the token table sharded ``V·H/(Gy·Gz)`` where ``auto_parallelize`` uses AxoNN's Embedding (``Gx = 1``),
+  else whole on every GPU (``axonn.md`` §8.2).
+* **Mixtures of experts**: every expert's shard (``E`` copies of each expert linear), the router whole;
+  activations of the ``top_k`` routed copies and the shared experts; the native module's grouped expert
+  weights gathered over its FSDP group (``E·2I·H/expert_tp`` and their gradient).
 
 Capacity (:func:`memory_verdict`): a GPU needs the live bytes plus the reserve (runtime, the
 framework's communicators, allocator fragmentation; ``axoplan.inputs.machine.Reserve``). Memory gets
@@ -44,7 +52,8 @@ from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
 __all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict", "VERDICTS", "vocab_rows",
-           "sharded_params", "replicated_params", "MEMORY_MODEL_SIGMA", "activation_bytes_per_token"]
+           "sharded_params", "replicated_params", "MEMORY_MODEL_SIGMA", "activation_bytes_per_token", "mlp_width",
+           "hf_embedding_params"]
 
 Floats = npt.NDArray[np.float64]
 BF16 = 2.0
@@ -80,15 +89,35 @@ def vocab_rows(model: ModelSpec, c: Candidates) -> Floats:
     return padded_vocab(model.vocab, c.gx, c.gy).astype(np.float64)
 
 
-def sharded_params(model: ModelSpec, c: Candidates) -> Floats:
-    """Parameters in the 4D-sharded shard of one GPU (blocks, LM head, embeddings)."""
+def mlp_width(model: ModelSpec) -> int:
+    """Features of the MLP's activation per token: the FFN width, or the routed and shared experts' widths."""
+    if model.moe is None:
+        return model.ffn
+    return (model.moe.top_k + model.moe.shared_experts) * model.moe.expert_ffn_hidden
+
+
+def sharded_params(model: ModelSpec, c: Candidates, options: RunOptions | None = None) -> Floats:
+    """Parameters one GPU holds of the 4D-sharded weights (blocks, LM head, embeddings; on the hf path the
+    token table as :func:`hf_embedding_params` has it)."""
     gxy, gz = (c.gx * c.gy).astype(np.float64), c.gz.astype(np.float64)
     blocks = sum(np.ceil(lin.num_params / gxy / gz) for lin in model.block_linears())
     vocab = vocab_rows(model, c)
     heads = 1 if model.tied_embeddings else 2
     embed = np.ceil(heads * vocab * model.hidden / gxy / gz)
+    if options is not None and options.hf_path:
+        embed = np.ceil(vocab * model.hidden / gxy / gz) + hf_embedding_params(model, c)
     positions = np.ceil(model.max_positions * model.hidden / gxy / gz)
     return model.num_layers * blocks + embed + positions
+
+
+def hf_embedding_params(model: ModelSpec, c: Candidates) -> Floats:
+    """The token table one GPU holds on the hf path: AxoNN's Embedding, ``V·H/Gy`` split over Z, where
+    ``auto_parallelize`` uses it (``Gx = 1``, ``H`` divisible by Gy); else the whole ``V·H`` table
+    (``axonn/intra_layer/embedding.py``; ``axonn.md`` §8.2)."""
+    gy, gz = c.gy.astype(np.float64), c.gz.astype(np.float64)
+    table = float(model.vocab * model.hidden)
+    sharded = (c.gx == 1) & (model.hidden % c.gy == 0)
+    return np.where(sharded, np.ceil(table / gy / gz), table)
 
 
 def replicated_params(model: ModelSpec) -> float:
@@ -102,8 +131,8 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
     """Peak memory estimate per GPU for every candidate, under `profile`'s rules."""
     rules = profile.memory
     shard = (c.gx * c.gy * c.gz).astype(np.float64)
-    params = sharded_params(model, c) + (replicated_params(model) / shard if rules.shards_replicated_params
-                                         else replicated_params(model))
+    params = sharded_params(model, c, options) + (replicated_params(model) / shard if rules.shards_replicated_params
+                                                  else replicated_params(model))
     gdata = c.gdata.astype(np.float64)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
 
@@ -116,7 +145,8 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
         optimizer=state(rules.optimizer),
         gathered=_gathered_bytes(model, options, c, profile),
         activations=_activation_bytes(model, options, c, profile, tokens),
-        logits=tokens * vocab_rows(model, c) / c.gy.astype(np.float64) * rules.logits_bytes,
+        logits=tokens * vocab_rows(model, c) / (1.0 if options.hf_path else c.gy.astype(np.float64))
+        * rules.logits_bytes,
     )
 
 
@@ -125,21 +155,27 @@ def _gathered_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profil
     reduce-scatter, and the embeddings where the framework keeps them gathered (only Gz > 1)."""
     rules = profile.memory
     gxy = (c.gx * c.gy).astype(np.float64)
-    linears = np.array([lin.num_params for lin in model.block_linears()], dtype=np.float64)
-    unit = (linears.sum() if profile.z_gather_unit == "block" else linears.max()) / gxy
+    block = model.block_linears()
+    native = model.moe is not None and options.moe_module == "native"
+    linears = np.array([lin.num_params for lin in block], dtype=np.float64)
+    per_unit = np.array([lin.params_per_copy for lin in block if not (native and lin.is_expert)], dtype=np.float64)
+    unit = (linears.sum() if profile.z_gather_unit == "block" else per_unit.max()) / gxy
     grad_bytes = BF16 + (options.grad_reduce_bytes if profile.z_reduce_scatter_in_grad_dtype
                          and options.grad_reduce_bytes != BF16 else 0.0)
     cached = model.num_layers * linears.sum() / gxy * BF16
     gathered = np.where(c.cache_weights, cached, rules.gathered_units * unit * BF16) + unit * grad_bytes
     if rules.embedding_gathered:
         gathered = gathered + model.embedding_params() / gxy * (BF16 + grad_bytes)
+    if native and model.moe is not None:  # the grouped experts gathered over the FSDP group, with their gradient
+        experts = model.moe.num_experts * 2 * model.moe.expert_ffn_hidden * model.hidden / options.expert_tp
+        gathered = gathered + np.where(c.gz > options.expert_tp, experts * 2.0 * BF16, 0.0)
     return np.where(c.gz > 1, gathered, 0.0)
 
 
 def activation_bytes_per_token(model: ModelSpec, options: RunOptions, profile: FrameworkProfile,
                                gx: Floats, gy: Floats) -> Floats:
     """Bytes one block keeps per token for its backward (the module docstring's terms)."""
-    h, f, dropout = float(model.hidden), float(model.ffn), float(profile.memory.dropout)
+    h, f, dropout = float(model.hidden), float(mlp_width(model)), float(profile.memory.dropout)
     x_part = (8.0 + 2.0 * dropout) * h
     qkv = BF16 * (h + 2.0 * model.kv_heads * model.head_dim)
     mlp = (6.0 if model.ffn_kind == "swiglu" else 4.0) * f
@@ -152,11 +188,25 @@ def activation_bytes_per_token(model: ModelSpec, options: RunOptions, profile: F
 def _activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile,
                       tokens: Floats) -> Floats:
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+    if options.hf_path:
+        return _hf_activation_bytes(model, options, c, profile, tokens)
     per_layer = tokens * activation_bytes_per_token(model, options, profile, gx, gy)
     checkpoint = tokens * model.hidden / gx * BF16
     full = model.num_layers * per_layer
     recomputed = model.num_layers * checkpoint + per_layer
     return np.where(c.recompute, recomputed, full)
+
+
+def _hf_activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile,
+                         tokens: Floats) -> Floats:
+    """The hf path: the block's own tensors at full width on the GPU's own tokens, plus each linear's gathered
+    input kept for its dW (``k·G_out`` elements per own token and routed copy, G_out its out-axis group)."""
+    ones = np.ones_like(tokens)
+    sizes = {"x": c.gx.astype(np.float64), "y": c.gy.astype(np.float64)}
+    kept = sum(lin.k_in * sizes[lin.out_axis] * lin.token_share * lin.experts for lin in model.block_linears())
+    per_layer = tokens * (activation_bytes_per_token(model, options, profile, ones, ones) + kept * BF16)
+    checkpoint = tokens * model.hidden * BF16
+    return np.where(c.recompute, model.num_layers * checkpoint + per_layer, model.num_layers * per_layer)
 
 
 @dataclass(frozen=True, slots=True)

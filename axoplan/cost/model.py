@@ -73,9 +73,10 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
     dilation = _core_sharing(machine, c)
     layers = linear_layers(model, machine, options, c, groups, tokens, profile, dilation)
-    n_micro = options.global_batch / sequences_per_micro_step(c.gdata, c.gz, c.micro_batch).astype(np.float64)
-    terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile)
-    compute = compute_columns(layers, model, machine, c, n_micro, dilation)
+    shards = c.gx * c.gy if options.hf_path else 1  # hf: every GPU its own sequences
+    n_micro = options.global_batch / sequences_per_micro_step(c.gdata, c.gz, c.micro_batch, shards).astype(np.float64)
+    terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile, machine)
+    compute = compute_columns(layers, model, machine, c, n_micro, dilation, options)
     memory = memory_per_gpu(model, options, c, profile)
     columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation)
     return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)

@@ -7,6 +7,13 @@ With ``N`` devices per node (``docs/algorithm.md`` §3; Plexus ``comm_model.py``
   over the link classes its members span; the bus bandwidth is the minimum cut of the
   member-to-member bandwidth matrix (what several rings can carry at once), capped by a
   device's total link bandwidth, times ``intra_node.efficiency``.
+* a group that is not inside a node but inside one **scale-up domain** (``machine.scale_up``: the
+  72 GPUs of a GB200 NVL72 rack on NVLink switches, 18 nodes of 4), by the same rule with the
+  domain's size for ``N``, runs over that fabric, not the NICs: each member sends and receives at
+  its port bandwidth through the switches, ``scale_up.bandwidth_gbs · scale_up.efficiency``, no
+  more than its members on one node get from their own links, and no NIC sharing or loss with
+  scale applies. It counts as inside (``crosses_nodes`` False): the fabric's latency per step and
+  the node's processor usage (NVLink's).
 * otherwise it **crosses nodes**. ``min(stride, N)`` groups of the same kind share each
   node's NICs, so each gets ``injection · efficiency / min(stride, N)``; the members on
   one node (``N // stride`` of them when stride < N) also need their intra-node links.
@@ -17,15 +24,17 @@ With ``N`` devices per node (``docs/algorithm.md`` §3; Plexus ``comm_model.py``
   bandwidth, the measured table's included (its rows were taken at ``N_ref`` nodes).
 
 A ring all-gather or reduce-scatter over the group pays one latency per step: ``p − nodes``
-steps over the node's links and ``nodes − 1`` over the network (NCCL's latency model,
-``src/graph/tuning.cc``), the group's ``ring_latency_us``.
+steps over the node's links and ``nodes − 1`` over the network, or over the scale-up fabric for
+a group inside one domain (NCCL's latency model, ``src/graph/tuning.cc``), the group's
+``ring_latency_us``.
 
 A row of the machine's measured table that matches (stride, size) overrides the theory's
 bandwidth, and its latency too where the row has one (an α-β fit to a message-size sweep of
 all-reduce, whose ``2⌈log2 p⌉`` steps the fit assumed; a ring of the same group then costs
 ``⌈log2 p⌉`` of them, the same share of the all-reduce's latency as ``p − 1`` of ``2(p − 1)``).
-A row only stands in for groups on the same side of the node boundary as the group it was
-measured on: an NVLink measurement says nothing about a group that crosses the network.
+A row only stands in for groups in the same region as the group it was measured on (inside a
+node, inside a scale-up domain, or across the network): an NVLink measurement says nothing about
+a group that crosses the network.
 Placement depends only on (stride, size), so it is computed once per distinct pair and
 broadcast back to all candidates.
 """
@@ -60,9 +69,9 @@ def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
     """Placement of a group of `size` members `stride` ranks apart."""
     if size <= 1:
         return GroupPlacement(math.inf, 0.0, False, "none")
-    inside = _inside(machine, stride, size)
-    theory = _inside_node(machine, stride, size) if inside else _across_nodes(machine, stride, size)
-    row = _measured(machine, stride, size, inside)
+    region = _region(machine, stride, size)
+    theory = _THEORY[region](machine, stride, size)
+    row = _measured(machine, stride, size, region)
     if row is None:
         return theory
     bandwidth = row.bandwidth_gbs
@@ -76,15 +85,31 @@ def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
 
 
 def ring_latency_us(machine: Machine, stride: int, size: int) -> float:
-    """All steps of a ring over the group: ``(size − nodes)`` inside nodes, ``nodes − 1`` across."""
-    nodes = 1 if _inside(machine, stride, size) else _nodes_spanned(machine, stride, size)
-    return (size - nodes) * machine.intra_node.latency_us + (nodes - 1) * machine.inter_node.latency_us
+    """All steps of a ring over the group: ``(size − nodes)`` inside nodes, ``nodes − 1`` between them, over
+    the scale-up fabric for a group inside one domain and over the network otherwise."""
+    region = _region(machine, stride, size)
+    nodes = 1 if region == "node" else _nodes_spanned(machine, stride, size)
+    between = machine.scale_up.latency_us if region == "domain" and machine.scale_up else machine.inter_node.latency_us
+    return (size - nodes) * machine.intra_node.latency_us + (nodes - 1) * between
 
 
 def _inside(machine: Machine, stride: int, size: int) -> bool:
     """Whether every group of this shape sits inside one node."""
-    n = machine.devices_per_node
-    return stride * size <= n and n % (stride * size) == 0
+    return _within(machine.devices_per_node, stride, size)
+
+
+def _within(devices: int, stride: int, size: int) -> bool:
+    """Whether every group of this shape sits inside one block of `devices` consecutive ranks."""
+    return stride * size <= devices and devices % (stride * size) == 0
+
+
+def _region(machine: Machine, stride: int, size: int) -> str:
+    """'node' (every group inside one node), 'domain' (inside one scale-up domain), or 'network'."""
+    if _inside(machine, stride, size):
+        return "node"
+    if machine.scale_up is not None and _within(machine.scale_up.devices, stride, size):
+        return "domain"
+    return "network"
 
 
 def _nodes_spanned(machine: Machine, stride: int, size: int) -> int:
@@ -128,6 +153,21 @@ def _inside_node(machine: Machine, stride: int, size: int) -> GroupPlacement:
                           ring_latency_us(machine, stride, size))
 
 
+def _in_domain(machine: Machine, stride: int, size: int) -> GroupPlacement:
+    """A group across nodes but inside one scale-up domain: the fabric's per-device bandwidth, capped by the
+    links its members on one node share."""
+    domain = machine.scale_up
+    assert domain is not None  # _region names a domain only for a machine with one
+    n = machine.devices_per_node
+    bw = domain.bandwidth_gbs * domain.efficiency
+    link = domain.name
+    local = min(size, n // stride) if stride < n else 1
+    if local > 1:
+        members = [i * stride for i in range(local)]
+        bw = min(bw, _ring_bandwidth_gbs(machine, members) * machine.intra_node.efficiency)
+    return GroupPlacement(bw, domain.latency_us, False, link, ring_latency_us(machine, stride, size))
+
+
 def _across_nodes(machine: Machine, stride: int, size: int) -> GroupPlacement:
     n, inter = machine.devices_per_node, machine.inter_node
     sharing = min(stride, n)
@@ -165,9 +205,13 @@ def _slowest_link(machine: Machine, members: list[int]) -> str:
     return machine.link_class_name(members[i], members[j])
 
 
-def _measured(machine: Machine, stride: int, size: int, inside: bool) -> MeasuredBandwidth | None:
+_THEORY = {"node": _inside_node, "domain": _in_domain, "network": _across_nodes}
+"""The theory's placement of a group in each region."""
+
+
+def _measured(machine: Machine, stride: int, size: int, region: str) -> MeasuredBandwidth | None:
     """Exact (stride, size) row; the largest stride and size in the table match beyond. A row
-    measured on the other side of the node boundary than the group (`inside`) does not match."""
+    measured in another region than the group's (inside a node, a domain, or across) does not match."""
     rows = machine.measured_bandwidth
     if not rows:
         return None
@@ -178,4 +222,4 @@ def _measured(machine: Machine, stride: int, size: int, inside: bool) -> Measure
     at_stride = {r.size: r for r in rows if r.stride == s}
     biggest = max(at_stride)
     row = at_stride.get(size, at_stride[biggest] if size > biggest else None)
-    return row if row is not None and _inside(machine, row.stride, row.size) == inside else None
+    return row if row is not None and _region(machine, row.stride, row.size) == region else None

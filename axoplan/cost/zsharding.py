@@ -21,6 +21,21 @@ reduce-scatter stream (``torch/distributed/fsdp/_runtime_utils.py``, ``_post_bac
 Where the framework keeps its root unit (the embeddings, tied to the LM head) gathered from
 forward to backward, the root's gather opens the forward and its reduce-scatter closes the
 backward.
+
+The drain is AxoNN's code: ``optimize_communication`` exits with ``clear_handles()``, a
+``torch.cuda.synchronize()`` (``intra_layer/overlap_communication.py`` L27-30, L154-157 @4973c51), and the
+deferred reduce-scatter gradients are added only then (``accumulate``); an overlapped reduce-scatter can
+hide behind the rest of its micro-batch's backward, never behind the next micro-batch.
+
+**Backward gathers** (``RunOptions.backward_gather``): ``AsyncLinear.backward`` calls
+``_gather(original_weight, cache=False)`` (``intra_layer/fully_connected.py`` L127-129), which takes the weight
+from ``weights_cache`` only if the forward cached it; the OAG iterator prefetches in forward module order and a
+recompute's ``_gather`` deletes what it retrieves (``intra_layer/communication.py`` L38-68 @fd24d01), so the
+backward's gather is a blocking ``dist.all_gather`` plus ``torch.cat`` (L60). ``prefetched`` (the default) keeps
+the model's earlier assumption, the gather hidden behind the neighbouring unit's backward; ``blocking`` follows
+the code: the gather is exposed, and the reduce-scatter launched before it on the same Z communicator can hide
+only behind the non-GEMM backward that runs before that gather (the unit's ``attached_bwd_s``), unless the
+weights are cached or a second Z communicator (``concurrent_z``) carries the gathers.
 """
 
 from __future__ import annotations
@@ -55,6 +70,7 @@ class ZUnit:
     compute_fwd_s: Floats  # one unit's forward compute
     compute_bwd_s: Floats
     stays_gathered: bool = False  # kept from the forward to the backward (FSDP's root unit)
+    attached_bwd_s: Floats | None = None  # its non-GEMM backward, run before the next unit's gather
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +95,8 @@ def z_terms(units: Sequence[ZUnit], z: ZGroup, options: RunOptions, c: Candidate
         ag_fwd = np.maximum(unit.ag_s - prev.compute_fwd_s, 0.0) if options.overlap_all_gather else unit.ag_s
         again = 0.0 * unit.ag_s if unit.stays_gathered else np.where(c.cache_weights, 0.0, unit.ag_s)
         ag_bwd, rs = backward_exposed(unit.rs_s, again, prev.compute_bwd_s, options, z.latency_s)
+        if options.backward_gather == "blocking":
+            ag_bwd, rs = _blocking_backward(unit, again, prev.compute_bwd_s, options)
         exposed[unit.name] = (ag_fwd, rs)
         calls = n_micro * unit.count
         rec = c.recompute.astype(np.float64) * unit.recomputed
@@ -96,6 +114,20 @@ def z_terms(units: Sequence[ZUnit], z: ZGroup, options: RunOptions, c: Candidate
         terms.append(_term(unit.name, "backward", "reduce-scatter (drain)", z, unit.rs_bytes, n_micro,
                            0.0 * unit.rs_s, unit.rs_s - rs))
     return terms
+
+
+def _blocking_backward(unit: ZUnit, again: Floats, neighbour_bwd_s: Floats,
+                       options: RunOptions) -> tuple[Floats, Floats]:
+    """Exposed backward all-gather and reduce-scatter when the gather blocks (module docstring): the gather
+    wholly; the reduce-scatter behind the neighbour's backward where no blocking gather follows it on the same
+    communicator (cached weights, or ``concurrent_z``), else behind the unit's own attached backward only."""
+    rs = unit.rs_s
+    if not options.overlap_reduce_scatter:
+        return again, rs
+    attached = unit.attached_bwd_s if unit.attached_bwd_s is not None else 0.0 * rs
+    free = (again == 0) | options.concurrent_z
+    behind = np.where(free, neighbour_bwd_s, attached)
+    return again, np.maximum(rs - behind, 0.0)
 
 
 def _term(layer: str, phase: str, op: str, z: ZGroup, nbytes: Floats, calls: Floats, seconds: Floats,

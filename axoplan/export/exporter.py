@@ -19,7 +19,9 @@ from axoplan.errors import AxoplanError
 from axoplan.export.files import NewFile, write_all_or_nothing
 from axoplan.export.job import JobSettings
 from axoplan.export.saved import SavedRanking
-from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, benchmark_spend, job_values, render_job_script
+from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, benchmark_spend, job_values, render_job_script, submit_command
+from axoplan.inputs.launcher import LauncherSpec
+from axoplan.inputs.schedulers import scheduler
 from axoplan.records.plan import LaunchConfig, plan_from_ranking
 from axoplan.search.ranking import Ranking
 
@@ -118,7 +120,7 @@ def write_exports(exports: list[ExportedPlan], out_dir: Path, force: bool) -> li
     return write_all_or_nothing(out_dir, files, force=force)
 
 
-def summary(exports: list[ExportedPlan], out_dir: Path, scheduler: str) -> str:
+def summary(exports: list[ExportedPlan], out_dir: Path, launcher: LauncherSpec) -> str:
     """What was written, as a table, and how to submit it."""
     from axoplan.report import text_table
 
@@ -131,6 +133,7 @@ def summary(exports: list[ExportedPlan], out_dir: Path, scheduler: str) -> str:
     table = text_table(["rank", "layout", "mbs", "s/iter", "nodes", "wall time", "plan", "folder"], rows,
                        [True, False, True, True, True, True, False, False])
     first = shlex.quote(str(out_dir / exports[0].folder))  # a command to paste: an odd --out-dir stays one word
-    how = (f"cd {first} && sbatch {SCRIPT_NAME}" if scheduler == "slurm"
-           else f"cd {first} && MASTER_ADDR=<first node> bash {SCRIPT_NAME}   (on every node)")
+    how = f"cd {first} && {submit_command(launcher)}"
+    if scheduler(launcher.scheduler).directive is None:
+        how += "   (on every node)"
     return f"{table}\n\nsubmit each from its folder, e.g.: {how}"

@@ -16,16 +16,19 @@ from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_
 
 from axoplan.errors import AxoplanError
 from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, placeholder_text
+from axoplan.inputs.schedulers import format_hms
 from axoplan.inputs.schema import Frozen
 
 __all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_walltime", "parse_walltime",
-           "site_values", "ENV_PREFIX", "SCHEDULER_NAME", "unsafe_text", "command_problem"]
+           "site_values", "ENV_PREFIX", "SCHEDULER_NAME", "SCHEDULER_NAMES", "unsafe_text", "command_problem"]
 
 ENV_PREFIX = "AXOPLAN_"
 _UNSAFE = set("\"'$`\\")
 SCHEDULER_NAME = re.compile(r"[A-Za-z0-9_.:+][A-Za-z0-9_.:+-]*")
-"""An account, partition or QOS: it goes into an ``#SBATCH`` line, where nothing can be quoted."""
-_SCHEDULER_NAMES = ("account", "partition", "qos")
+"""An account, partition, QOS or queue: it goes into a scheduler directive (an ``#SBATCH``, ``#PBS`` or
+``# flux:`` line), where nothing can be quoted."""
+SCHEDULER_NAMES = ("account", "partition", "qos", "queue")
+"""The site values that are scheduler names (:data:`SCHEDULER_NAME`)."""
 
 
 def unsafe_text(value: str) -> str | None:
@@ -40,25 +43,27 @@ def unsafe_text(value: str) -> str | None:
 class SiteSettings(Frozen):
     """Values that belong to the user or the centre; None = not given.
 
-    An account, partition or QOS must be a plain name (:data:`SCHEDULER_NAME`: letters, digits,
-    ``_ . : + -``, not starting with ``-``): it goes into an ``#SBATCH`` line. A Python
+    An account, partition, QOS or queue must be a plain name (:data:`SCHEDULER_NAME`: letters, digits,
+    ``_ . : + -``, not starting with ``-``): it goes into a scheduler directive. A Python
     environment or container path may hold spaces and the like (the script quotes it), but no
     quotes, ``$``, backquotes, backslashes or control characters.
     """
 
-    account: str | None = Field(None, description="Project or account to charge (Slurm -A).")
+    account: str | None = Field(None, description="Project, account or bank to charge (Slurm and PBS -A, Flux -B).")
     partition: str | None = Field(None, description="Slurm partition.")
     qos: str | None = Field(None, description="Slurm quality of service.")
+    queue: str | None = Field(None, description="PBS or Flux queue (-q).")
     python_env: str | None = Field(None, description="Python environment with PyTorch and axoplan (venv or conda).")
     container: str | None = Field(None, description="Container image or environment (Alps: EDF TOML).")
 
-    @field_validator("account", "partition", "qos")
+    @field_validator(*SCHEDULER_NAMES)
     @classmethod
     def _scheduler_name(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and not SCHEDULER_NAME.fullmatch(v):
             flag = f"--{info.field_name}"
-            raise ValueError(f"{flag} (or {ENV_PREFIX}{str(info.field_name).upper()}) goes into an #SBATCH line, so "
-                             f"it may hold only letters, digits and _ . : + - (not starting with -)")
+            raise ValueError(f"{flag} (or {ENV_PREFIX}{str(info.field_name).upper()}) goes into a scheduler directive "
+                             f"(an #SBATCH, #PBS or # flux: line), so it may hold only letters, digits and _ . : + - "
+                             f"(not starting with -)")
         return v
 
     @field_validator("python_env", "container")
@@ -199,10 +204,8 @@ def parse_walltime(text: str) -> int:
     return seconds
 
 
-def format_walltime(seconds: int) -> str:
-    """``HH:MM:SS`` (hours may exceed 24)."""
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+format_walltime = format_hms
+"""``HH:MM:SS`` (hours may exceed 24): how wall times are shown and how Slurm and PBS take them."""
 
 
 def site_values(launcher: LauncherSpec, site: SiteSettings) -> dict[str, str]:

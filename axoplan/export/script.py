@@ -5,10 +5,11 @@ setup and launch line all come from ``launcher:`` in the machine YAML; the layou
 the prediction come from the launch config; the account and other site values come from
 the user (or stay visible placeholders such as ``<ACCOUNT>``).
 
-No value can change what the script means. A value in an ``#SBATCH`` line, where nothing
-can be quoted, must be a plain word (letters, digits, ``_ . : + / @ -``); a value in a shell
-line is quoted for where it stands (``shlex.quote`` outside quotes, as is inside quotes,
-where the site values' rules keep out quotes, ``$``, backquotes and backslashes); comment
+No value can change what the script means. A value in a scheduler directive (an ``#SBATCH``,
+``#PBS`` or ``# flux:`` line), where nothing can be quoted, must be a plain word (letters, digits,
+``_ . : + / @ -``); a value in a shell line is quoted for where it stands (``shlex.quote``
+outside quotes, as is inside quotes, where the site values' rules keep out quotes, ``$``,
+backquotes and backslashes); comment
 lines show a line break in a name as ``\n``; module names must be plain names; ``--command``
 is written as given once :func:`axoplan.export.job.command_problem` has found nothing in it
 that could end the command or run code in the batch script. Anything else is refused with
@@ -27,6 +28,7 @@ from axoplan.errors import AxoplanError
 from axoplan.export.job import (
     ENV_PREFIX,
     SCHEDULER_NAME,
+    SCHEDULER_NAMES,
     JobSettings,
     command_problem,
     format_walltime,
@@ -39,19 +41,20 @@ from axoplan.inputs.axes import AXIS_DEFS, axonn_order
 from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, fill, placeholder_text, placeholders_in
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.queues import QueueChoice, choose_queue
+from axoplan.inputs.schedulers import Scheduler, scheduler
 from axoplan.inputs.staging import margin_minutes, staged
 from axoplan.records.plan import LaunchConfig
 
-__all__ = ["render_job_script", "job_values", "time_warning", "payload_env", "check_bash_syntax", "EXECUTOR_PAYLOAD",
-           "SCRIPT_NAME", "PLAN_NAME"]
+__all__ = ["render_job_script", "job_values", "time_warning", "payload_env", "check_bash_syntax", "submit_command",
+           "EXECUTOR_PAYLOAD", "SCRIPT_NAME", "PLAN_NAME"]
 
 SCRIPT_NAME = "job.sh"
 PLAN_NAME = "plan.json"
 EXECUTOR_PAYLOAD = 'python -u -m axoplan run "$AXOPLAN_PLAN"'
 _INDENT = "    "
 _PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # as axoplan.inputs.launcher's
-_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.:+/@-]+")  # what a value in an #SBATCH line may be
-_MODULE = re.compile(r"[A-Za-z0-9_.:+/@%,=-]+")  # a module name
+_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.:+/@-]+")  # what a value in a scheduler directive may be
+_MODULE = re.compile(r"[A-Za-z0-9_.:+/@%,=-]+")  # a module name, or a module path to add
 
 
 def require_launcher(machine: Machine) -> LauncherSpec:
@@ -77,12 +80,13 @@ def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name
     if settings.walltime_override_s is not None:
         wall = settings.walltime_override_s
     if choice is not None:
-        for key in ("partition", "qos"):
+        for key in ("partition", "qos", "queue"):
             if getattr(settings.site, key) is None and getattr(choice.queue, key) is not None:
                 site[key] = getattr(choice.queue, key)
     _check_site_values(site, machine.name)
     return {**site, "nodes": str(nodes), "tasks": str(plan.world_size),
-            "tasks_per_node": str(per_node), "gpus_per_node": str(per_node), "walltime": format_walltime(wall),
+            "tasks_per_node": str(per_node), "gpus_per_node": str(per_node),
+            "walltime": scheduler(launcher.scheduler).format_walltime(wall),
             "job_name": f"axoplan-{name}", "plan_id": plan.plan_id}
 
 
@@ -91,10 +95,10 @@ def _check_site_values(site: dict[str, str], machine: str) -> None:
     for name, value in site.items():
         if value in ("", placeholder_text(name)):
             continue
-        if name in ("account", "partition", "qos"):
+        if name in SCHEDULER_NAMES:
             if not SCHEDULER_NAME.fullmatch(value):
-                raise AxoplanError(f"machine {machine!r} gives {name} {value!r}, which goes into an #SBATCH line and "
-                                   f"may hold only letters, digits and _ . : + -; fix its launcher block, or pass "
+                raise AxoplanError(f"machine {machine!r} gives {name} {value!r}, which goes into a scheduler directive "
+                                   f"and may hold only letters, digits and _ . : + -; fix its launcher block, or pass "
                                    f"--{name}")
         elif (reason := unsafe_text(value)) is not None:
             raise AxoplanError(f"machine {machine!r} gives {name} {value!r}, which holds {reason}; fix its launcher "
@@ -179,16 +183,17 @@ def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSetting
     """The job script for `plan`, checked with ``bash -n``; `name` is its folder, `rank` its place in the ranking."""
     launcher = require_launcher(machine)
     values = job_values(plan, machine, settings, name)
+    conventions = scheduler(launcher.scheduler)
     parts = [
         ["#!/bin/bash", *map(one_line, _comments(plan, machine, settings, values, rank)),
          *_header(launcher, values, machine.name), *_staging_header(launcher, values, machine.name)],
-        ["set -eo pipefail"],
+        ["set -eo pipefail", *([conventions.start] if conventions.start else [])],
         _modules(launcher, values, machine.name),
         _exports(launcher.env, values, machine.name),
         _setup(launcher, values, machine.name),
         _staging_setup(launcher, values, machine.name),
         _plan_block(plan, settings),
-        [one_line(line) for line in _chain_block(queue_choice(plan, machine, settings), settings, launcher)],
+        [one_line(line) for line in _chain_block(queue_choice(plan, machine, settings), settings, conventions)],
         _launch(launcher, values, _payload(settings), machine.name),
     ]
     text = "\n\n".join("\n".join(p) for p in parts if p) + "\n"
@@ -221,13 +226,29 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
           if (spend := benchmark_spend(plan, machine, settings)) is not None else []),
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
-    if require_launcher(machine).scheduler == "slurm":
-        lines.append(f"# submit from this folder:  sbatch {SCRIPT_NAME}")
+    launcher = require_launcher(machine)
+    if scheduler(launcher.scheduler).directive is not None:
+        lines.append(f"# submit from this folder:  {submit_command(launcher)}")
     else:
         where = "on the node" if values["nodes"] == "1" else f"on each of the {values['nodes']} nodes at once"
         lines += [f"# run from this folder {where}:",
-                  f"#   MASTER_ADDR=<first node> bash {SCRIPT_NAME}"]
+                  f"#   {submit_command(require_launcher(machine))}"]
     return lines
+
+
+_REQUIRED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?")  # ${NAME:?message}: the script stops unless NAME is set
+_LABELS = {"MASTER_ADDR": "<first node>", "NODE_RANK": "<this node's place>"}
+
+
+def submit_command(launcher: LauncherSpec) -> str:
+    """How the script is started from its folder: ``sbatch job.sh``, or, with no batch system, ``bash job.sh``
+    after the variables its environment requires (``${NAME:?...}``), e.g. ``MASTER_ADDR=<first node> bash job.sh``."""
+    conventions = scheduler(launcher.scheduler)
+    if conventions.directive is not None:
+        return f"{conventions.submit} {SCRIPT_NAME}"
+    needed = [m.group(1) for value in launcher.env.values() for m in _REQUIRED.finditer(value)]
+    given = " ".join(f"{name}={_LABELS.get(name, f'<{name.lower()}>')}" for name in dict.fromkeys(needed))
+    return f"{given} {conventions.submit} {SCRIPT_NAME}".lstrip()
 
 
 def _count(number: str | int, noun: str) -> str:
@@ -255,36 +276,40 @@ def _exports(env: dict[str, str], values: dict[str, str], machine: str) -> list[
 
 
 def _header(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
-    """#SBATCH lines; a line that uses an empty site value (e.g. no QOS) is left out."""
+    """The scheduler's directive lines; a line that uses an empty site value (e.g. no QOS) is left out."""
     out = []
     for line in launcher.header:
         if any(values[p] == "" for p in placeholders_in(line) if p in SITE_VALUES):
             continue
-        out.append(_directive(line, values, f"machine {machine!r} launcher.header"))
+        out.append(_directive(scheduler(launcher.scheduler), line, values, f"machine {machine!r} launcher.header"))
     return out
 
 
-def _directive(line: str, values: dict[str, str], where: str) -> str:
-    """``#SBATCH`` + the filled line; nothing can be quoted there, so every value in it must be a plain word."""
+def _directive(conventions: Scheduler, line: str, values: dict[str, str], where: str) -> str:
+    """The directive prefix (``#SBATCH``) + the filled line; nothing can be quoted there, so every value in it must
+    be a plain word."""
+    prefix = conventions.directive_line("").strip()
     for name in placeholders_in(line):
         value = values[name]
         if value != placeholder_text(name) and not _DIRECTIVE_VALUE.fullmatch(value):
-            raise AxoplanError(f"{_option(name)} {value!r} cannot go into the #SBATCH line {line!r} of {where}: "
+            raise AxoplanError(f"{_option(name)} {value!r} cannot go into the {prefix} line {line!r} of {where}: "
                                f"only letters, digits and _ . : + / @ - can be written there")
     text = fill(line, values)
     if unsafe_control(text):
         raise AxoplanError(f"{where} line {line!r} holds a line break or other control character")
-    return f"#SBATCH {text}"
+    return conventions.directive_line(text)
 
 
 def _modules(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
+    """``module use`` for each module path, then ``module load`` for each module, in order."""
     lines = []
-    for module in launcher.modules:
-        name = fill(module, values)
-        if not _MODULE.fullmatch(name):
-            raise AxoplanError(f"machine {machine!r} launcher.modules entry {module!r} is not a module name (letters, "
-                               f"digits and _ . : + / @ % , = -); fix its launcher block")
-        lines.append(f"module load {name}")
+    for verb, field, entries in (("use", "module_use", launcher.module_use), ("load", "modules", launcher.modules)):
+        for entry in entries:
+            name = fill(entry, values)
+            if not _MODULE.fullmatch(name):
+                raise AxoplanError(f"machine {machine!r} launcher.{field} entry {entry!r} is not a module name or path "
+                                   f"(letters, digits and _ . : + / @ % , = -); fix its launcher block")
+            lines.append(f"module {verb} {name}")
     return lines
 
 
@@ -395,7 +420,7 @@ def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
 def _staging_header(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
     if launcher.staging is None or not staged(launcher.staging, int(values["nodes"])):
         return []
-    return [_directive(line, values, f"machine {machine!r} launcher.staging.header")
+    return [_directive(scheduler(launcher.scheduler), line, values, f"machine {machine!r} launcher.staging.header")
             for line in launcher.staging.header]
 
 
@@ -416,15 +441,16 @@ def _staging_setup(launcher: LauncherSpec, values: dict[str, str], machine: str)
             *(fill_shell(line, values, f"machine {machine!r} launcher.staging.setup") for line in spec.setup)]
 
 
-def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: LauncherSpec) -> list[str]:
+def _chain_block(choice: QueueChoice | None, settings: JobSettings, conventions: Scheduler) -> list[str]:
     """For a run split over chained jobs: this job's index and iterations, and the submission of the next.
 
-    Job k (1-based, from AXOPLAN_JOB_INDEX) submits job k+1 with ``sbatch --dependency=afterok`` before it
-    launches, so the next starts only if this one succeeds; AXOPLAN_RESUME=1 tells the payload to resume
-    from its last checkpoint (every job but the first), and AXOPLAN_SAVE_CHECKPOINT=1 makes the executor
-    write one at the end of every job.
+    Job k (1-based, from AXOPLAN_JOB_INDEX) submits job k+1 with the scheduler's own dependency (``sbatch
+    --dependency=afterok``, ``flux --parent batch --dependency=afterok``, ``qsub -W depend=afterok``; see
+    axoplan.inputs.schedulers) before it launches, so the next starts only if this one succeeds;
+    AXOPLAN_RESUME=1 tells the payload to resume from its last checkpoint (every job but the first), and
+    AXOPLAN_SAVE_CHECKPOINT=1 makes the executor write one at the end of every job.
     """
-    if choice is None or choice.jobs == 1 or launcher.scheduler != "slurm":
+    if choice is None or choice.jobs == 1 or conventions.chain is None:
         return []
     p, per, jobs = ENV_PREFIX, choice.iterations_per_job, choice.jobs
     last = settings.iterations - (jobs - 1) * per
@@ -439,8 +465,8 @@ def _chain_block(choice: QueueChoice | None, settings: JobSettings, launcher: La
         f"export {p}SAVE_CHECKPOINT=1  # axoplan run writes checkpoint/ beside the plan; the next job resumes from it",
         f"export {p}WARMUP=0  # axoplan run: every step counts toward {p}TOTAL_ITERATIONS",
         f"if (( {p}JOB_INDEX < {p}JOBS )); then",
-        f'{_INDENT}sbatch --dependency=afterok:"$SLURM_JOB_ID" --export=ALL,{p}JOB_INDEX=$(( {p}JOB_INDEX + 1 )) '
-        f'"${{SLURM_SUBMIT_DIR:-$PWD}}/{SCRIPT_NAME}"',
+        _INDENT + conventions.chain.replace("<SET>", f"{p}JOB_INDEX=$(( {p}JOB_INDEX + 1 ))")
+        .replace("<SCRIPT>", SCRIPT_NAME),
         "fi",
     ]
 

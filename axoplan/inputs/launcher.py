@@ -15,19 +15,20 @@ never a placeholder.
 from __future__ import annotations
 
 import re
-from typing import Final, Literal
+from typing import Final
 
 from pydantic import Field, model_validator
 
 from axoplan.errors import closest_hint
 from axoplan.inputs.queues import QueueLimit
+from axoplan.inputs.schedulers import SchedulerName, scheduler
 from axoplan.inputs.schema import Frozen
 from axoplan.inputs.staging import StagingSpec
 
 __all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "fill", "placeholders_in",
            "placeholder_text"]
 
-SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container")
+SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container", "queue")
 """Values that belong to the user or the site: flags, AXOPLAN_* variables, YAML defaults, else ``<NAME>``."""
 
 JOB_VALUES: Final = ("nodes", "tasks", "tasks_per_node", "gpus_per_node", "walltime", "job_name", "plan_id")
@@ -57,22 +58,26 @@ def fill(text: str, values: dict[str, str]) -> str:
 class LauncherSpec(Frozen):
     """Scheduler header, modules, environment and launch line for one machine.
 
-    The job script runs, in order: the header directives, ``set -eo pipefail``, the
-    modules, the ``env`` exports, the ``setup`` lines, the AXOPLAN_* exports, and finally
-    ``launch`` followed by the payload. When ``task_env`` or ``task_setup`` is given, the
+    The job script runs, in order: the header directives, ``set -eo pipefail`` (and, under PBS,
+    the change to the folder the job was submitted from), the module paths and modules, the
+    ``env`` exports, the ``setup`` lines, the AXOPLAN_* exports, and finally ``launch``
+    followed by the payload. When ``task_env`` or ``task_setup`` is given, the
     payload runs inside ``bash -c '...; exec "$@"'`` so those lines run in every task
     (on every node), after the launcher has set the task's own variables.
     """
 
-    scheduler: Literal["slurm", "torchrun"] = Field(
-        description="Batch system the script targets: 'slurm' (sbatch job.sh) or 'torchrun' (bash job.sh on "
-                    "every node of a plain cluster).")
+    scheduler: SchedulerName = Field(
+        description="Batch system the script targets: 'slurm' (sbatch job.sh), 'flux' (flux batch job.sh), 'pbs' "
+                    "(qsub job.sh) or 'torchrun' (bash job.sh on every node of a plain cluster); "
+                    "axoplan.inputs.schedulers holds what each needs.")
     header: tuple[str, ...] = Field(
-        (), description="Scheduler directives without the '#SBATCH ' prefix (slurm only). A line whose site "
-                        "value is empty (see 'defaults') is left out.")
+        (), description="Scheduler directives without their prefix ('#SBATCH ', '# flux: ', '#PBS '); not for "
+                        "torchrun. A line whose site value is empty (see 'defaults') is left out.")
     defaults: dict[str, str] = Field(
         default_factory=dict, description="Default site values (partition, qos, ...) when neither a flag nor an "
                                           "AXOPLAN_* variable gives one; '' leaves out the header lines using it.")
+    module_use: tuple[str, ...] = Field(
+        (), description="Module paths to add ('module use PATH') before the modules are loaded, in order.")
     modules: tuple[str, ...] = Field((), description="Modules to load, in order.")
     env: dict[str, str] = Field(
         default_factory=dict, description="Variables exported by the batch script, in order; each value is "
@@ -94,7 +99,7 @@ class LauncherSpec(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> LauncherSpec:
-        if self.header and self.scheduler != "slurm":
+        if self.header and scheduler(self.scheduler).directive is None:
             raise ValueError(f"'header' holds scheduler directives, but scheduler is {self.scheduler!r}")
         for key in self.defaults:
             if key not in SITE_VALUES:
@@ -116,7 +121,7 @@ class LauncherSpec(Frozen):
 
     def _texts(self) -> tuple[str, ...]:
         staging = (*self.staging.header, *self.staging.setup) if self.staging else ()
-        return (*self.header, *self.modules, *self.env.values(), *self.setup, *staging, self.launch,
+        return (*self.header, *self.module_use, *self.modules, *self.env.values(), *self.setup, *staging, self.launch,
                 *self.task_env.values(), *self.task_setup)
 
     def placeholders(self) -> set[str]:

@@ -2,8 +2,11 @@
 
 A machine is a set of identical nodes. Within a node, device pairs are joined by
 *link classes* (on Frontier the two GCDs of one MI250X are joined far faster than
-GCDs on different cards); nodes are joined by NICs. Every number in a shipped YAML
-carries its source in a comment. Bandwidths are GB/s (1e9 bytes/s) per direction.
+GCDs on different cards); nodes are joined by NICs. A *scale-up domain* joins the devices
+of several nodes as one fabric (a GB200 NVL72 rack: 72 GPUs of 18 nodes on NVLink
+switches). A device may share its memory with the CPU (*unified memory*: an MI300A's one
+HBM pool, a GH200's coherent CPU memory). Every number in a shipped YAML carries its
+source in a comment. Bandwidths are GB/s (1e9 bytes/s) per direction.
 
     >>> from axoplan.inputs.machine import load_machine
     >>> load_machine("frontier").devices_per_node
@@ -25,8 +28,8 @@ from axoplan.inputs.launcher import LauncherSpec
 from axoplan.inputs.plausible import MACHINE_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
-__all__ = ["Machine", "Reserve", "load_machine", "shipped_machines", "machines_dir", "Orientation", "ORIENTATIONS",
-           "OrientationEfficiency"]
+__all__ = ["Machine", "Reserve", "UnifiedMemory", "ScaleUpDomain", "load_machine", "shipped_machines", "machines_dir",
+           "Orientation", "ORIENTATIONS", "OrientationEfficiency"]
 
 Fraction = float
 
@@ -52,6 +55,37 @@ class Reserve(Frozen):
         """The reserve of a device with `hbm_gb` of HBM under a framework keeping `communicators`, GB."""
         return (self.hidden_gb + self.runtime_gb + self.per_communicator_gb * communicators
                 + self.fragmentation * hbm_gb)
+
+
+class UnifiedMemory(Frozen):
+    """The CPU and the device in one memory (docs/decisions.md, issue 25, "Unified memory").
+
+    ``shared``: one HBM pool serves both (AMD MI300A: 128 GB of HBM3 per APU, "a unified HBM3-based memory
+    system" for its CPU and GPU chiplets [doc LLNL El Capitan systems overview]); the operating system, the
+    CPU side of each training process (Python, the data loader, pinned buffers) and the page cache then
+    live in the device's HBM, so ``host_share_gb`` is taken off what the device's tensors may use.
+    ``coherent``: the device keeps its own HBM and can also address CPU memory over a coherent link (GH200:
+    96 GB of HBM3 and 120 GB of LPDDR5X over the 900 GB/s NVLink-C2C [doc CSCS, doc JSC]); the operating
+    system lives in the CPU memory, so the HBM is unchanged, and the model places no tensor in CPU memory
+    (no offload is modelled): ``cpu_memory_gb`` and ``cpu_link_gbs`` describe the part.
+    """
+
+    kind: Literal["shared", "coherent"] = Field(description="shared: one memory for CPU and device (an APU); "
+                                                "coherent: the device's HBM plus CPU memory it can address.")
+    host_share_gb: float = Field(0.0, ge=0, description="shared: the device's HBM the operating system and the CPU "
+                                 "side of its process hold, GB per device.")
+    cpu_memory_gb: float = Field(0.0, ge=0, description="coherent: CPU memory per device the device can address, GB.")
+    cpu_link_gbs: PositiveFloat | None = Field(None, description="coherent: the CPU-device link, GB/s per direction.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> UnifiedMemory:
+        if self.kind == "shared" and (self.cpu_memory_gb or self.cpu_link_gbs is not None):
+            raise ValueError("shared memory has no separate CPU memory: give host_share_gb, not cpu_memory_gb or "
+                             "cpu_link_gbs")
+        if self.kind == "coherent" and self.host_share_gb:
+            raise ValueError("coherent memory keeps the operating system in CPU memory: give cpu_memory_gb, not "
+                             "host_share_gb (a share of HBM the system hides is device.reserve.hidden_gb)")
+        return self
 
 
 class Device(Frozen):
@@ -81,6 +115,8 @@ class Device(Frozen):
     speed_variation: float = Field(
         0.0, ge=0, lt=0.5, description="Relative spread (one sigma) of sustained compute speed between devices of "
         "this kind; a synchronous step waits for the slowest of its N devices (axoplan/cost/scale.py).")
+    unified_memory: UnifiedMemory | None = Field(
+        None, description="CPU and device in one memory (MI300A, GH200); None: the device's HBM is its own.")
 
 
 class Host(Frozen):
@@ -117,6 +153,21 @@ class IntraNode(Frozen):
     processor_usage: float = Field(
         0.0, ge=0, lt=1, description="Share of the device's compute a collective inside a node takes from the work "
         "it overlaps (Calculon's processor_usage).")
+
+
+class ScaleUpDomain(Frozen):
+    """Devices of several nodes joined by one switched fabric, as fast as inside a node (NVLink Switch).
+
+    A GB200 NVL72 rack: 18 compute trays (nodes) of 4 GPUs, all 72 on NVLink switches at 900 GB/s per GPU and
+    direction. A group whose members all sit in one domain runs over that fabric, not the NICs
+    (axoplan/cost/placement.py); ranks fill domains in order, as they fill nodes.
+    """
+
+    name: str = Field(description="The fabric, shown as the link of a group placed on it.")
+    devices: PositiveInt = Field(description="Devices in one domain: a multiple of devices_per_node.")
+    bandwidth_gbs: PositiveFloat = Field(description="Per device, per direction, through the switches, GB/s.")
+    latency_us: PositiveFloat = Field(description="Per-step collective latency across the fabric, microseconds.")
+    efficiency: float = Field(0.75, gt=0, le=1, description="Achieved fraction of the bandwidth in collectives.")
 
 
 class InterNode(Frozen):
@@ -255,6 +306,9 @@ class Machine(Frozen):
         "None for a node type without a fixed size (dgx-a100, local-cpu).")
     device: Device
     intra_node: IntraNode
+    scale_up: ScaleUpDomain | None = Field(
+        None, description="A fabric joining the devices of several nodes (GB200 NVL72); None: nodes meet only on "
+        "the network.")
     inter_node: InterNode
     gemm: GemmModel
     attention_efficiency: float = Field(
@@ -290,6 +344,10 @@ class Machine(Frozen):
             raise ValueError("some device pairs have no link class; add a class without 'pairs'")
         if self.gemm.tiles and self.device.compute_units is None:
             raise ValueError("gemm.tiles need device.compute_units (the SMs or CUs tiles are scheduled on)")
+        domain = self.scale_up
+        if domain is not None and (domain.devices <= n or domain.devices % n):
+            raise ValueError(f"scale_up.devices {domain.devices} must be a multiple of devices_per_node ({n}) larger "
+                             f"than one node")
         return self
 
     @property
@@ -308,13 +366,22 @@ class Machine(Frozen):
 
     def reserved_gb(self, communicators: int) -> float:
         """HBM per device not available to live tensors, GB, for a framework keeping `communicators`
-        communicators: the measured ``device.reserved_gb``, or the sum of the parts."""
+        communicators: the measured ``device.reserved_gb``, or the sum of the parts and, on a device whose
+        HBM the CPU shares (an APU), the operating system's and the CPU's share of it."""
         d = self.device
-        return d.reserved_gb if d.reserved_gb is not None else d.reserve.gb(d.hbm_gb, communicators)
+        if d.reserved_gb is not None:
+            return d.reserved_gb
+        parts = d.reserve.gb(d.hbm_gb, communicators)
+        return parts if d.unified_memory is None else parts + d.unified_memory.host_share_gb
 
     def hbm_usable_bytes(self, communicators: int) -> float:
         """HBM left to live tensors, bytes."""
         return (self.device.hbm_gb - self.reserved_gb(communicators)) * 1e9
+
+    @property
+    def devices_per_domain(self) -> int:
+        """Devices joined as fast as inside a node: a scale-up domain's, else one node's."""
+        return self.devices_per_node if self.scale_up is None else self.scale_up.devices
 
     @property
     def total_devices(self) -> int | None:

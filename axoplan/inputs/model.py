@@ -13,10 +13,17 @@ generalised to grouped-query attention and gated FFNs)::
     per block   = H·(H + 2·kv·d_head)  [QKV]  + H·H [attn-out]  + m·H·F [MLP, m = 2 GeLU, 3 SwiGLU]
                   + biases and norms
     embeddings  = V·H (+ V·H again for an untied LM head) + positions·H
+
+A mixture-of-experts block (``ModelSpec.moe``: Mixtral, issue 24) replaces the MLP with ``E`` experts of
+width ``I`` (``3·H·I`` parameters each, SwiGLU), ``top_k`` of them run per token, plus ``shared_experts``
+that every token runs and a replicated router ``H·E``. Its expert linears carry ``experts`` copies
+that each see ``top_k/E`` of the tokens (:class:`LinearLayer`). Total and active counts are checked
+against Mistral's published 46.7B/12.9B (8x7B) and 141B/39B (8x22B) in ``tests/test_model.py``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,14 +31,22 @@ from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable
 from axoplan.inputs.plausible import MODEL_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping
 
-__all__ = ["ModelSpec", "LinearLayer", "BLOCK_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS", "layer_axes", "PRESETS",
+__all__ = ["ModelSpec", "MoESpec", "LinearLayer", "BLOCK_LAYERS", "MOE_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS", "layer_axes", "PRESETS",
            "load_model", "parse_param_count", "padded_vocab"]
 
 Role = Literal["attention", "mlp", "head"]
@@ -51,7 +66,10 @@ class LinearLayer:
     * `recomputed`: full activation recompute runs its forward again (block layers; not
       the LM head, which the loss needs once);
     * `out_chunks`: the output is this many equal parts, each sharded over ``out_axis``
-      on its own (SwiGLU's gate and up projections: 2).
+      on its own (SwiGLU's gate and up projections: 2);
+    * `experts`: copies of this weight in a block (a mixture of experts' ``E`` experts, 1 otherwise),
+      each a separate 4D linear, and `token_share` the fraction of the block's tokens each copy sees
+      (``top_k/E``; 1 for a dense layer).
     """
 
     name: str
@@ -62,6 +80,8 @@ class LinearLayer:
     k_in: int = 0
     n_out: int = 0
     out_chunks: int = 1
+    experts: int = 1
+    token_share: float = 1.0
 
     @property
     def in_axis(self) -> str:
@@ -77,10 +97,21 @@ class LinearLayer:
 
     @property
     def num_params(self) -> int:
+        """Parameters of all its copies."""
+        return self.k_in * self.n_out * self.experts
+
+    @property
+    def params_per_copy(self) -> int:
+        """Parameters of one copy (one expert): what one Z all-gather of it moves."""
         return self.k_in * self.n_out
 
-    def with_shape(self, k_in: int, n_out: int, out_chunks: int = 1) -> LinearLayer:
-        return replace(self, k_in=k_in, n_out=n_out, out_chunks=out_chunks)
+    @property
+    def is_expert(self) -> bool:
+        return self.token_share < 1.0
+
+    def with_shape(self, k_in: int, n_out: int, out_chunks: int = 1, experts: int = 1,
+                   token_share: float = 1.0) -> LinearLayer:
+        return replace(self, k_in=k_in, n_out=n_out, out_chunks=out_chunks, experts=experts, token_share=token_share)
 
 
 BLOCK_LAYERS: tuple[LinearLayer, ...] = (
@@ -91,6 +122,18 @@ BLOCK_LAYERS: tuple[LinearLayer, ...] = (
 )
 """A block's linear layers in execution order, without shapes (``ModelSpec.block_linears``)."""
 
+MOE_LAYERS: tuple[LinearLayer, ...] = (
+    LinearLayer("qkv", "attention", "norm", transposed=False, recomputed=True),
+    LinearLayer("attn_out", "attention", "attention", transposed=True, recomputed=True),
+    LinearLayer("expert_up", "mlp", "norm", transposed=False, recomputed=True),
+    LinearLayer("expert_down", "mlp", "activation", transposed=True, recomputed=True),
+    LinearLayer("shared_up", "mlp", "norm", transposed=False, recomputed=True),
+    LinearLayer("shared_down", "mlp", "activation", transposed=True, recomputed=True),
+)
+"""A mixture-of-experts block's linear layers (the shared experts only where the model has them): AxoNN's
+Mixtral patch makes each expert's w1, w3 (gate and up, plain) and w2 (down, transposed) 4D linears
+(``axonn/models/transformers/modify_mixtral.py``)."""
+
 HEAD_LAYER = LinearLayer("lm_head", "head", "norm", transposed=False, recomputed=False)
 """The LM head: vocabulary rows over Y (padded to a multiple of Gx·Gy), run once per micro-batch."""
 
@@ -100,6 +143,26 @@ TRANSPOSED_LAYERS: frozenset[str] = frozenset(lin.name for lin in BLOCK_LAYERS i
 def layer_axes(transposed: bool) -> tuple[str, str]:
     """(input-feature axis, output-feature axis): X, Y for a plain layer; Y, X transposed."""
     return ("y", "x") if transposed else ("x", "y")
+
+
+class MoESpec(Frozen):
+    """A mixture-of-experts MLP: ``num_experts`` SwiGLU experts of width ``expert_ffn_hidden``, ``top_k`` per
+    token, ``shared_experts`` that every token runs, and a replicated router ``H × E`` without bias
+    (Mixtral's ``MixtralSparseMoeBlock.gate``)."""
+
+    num_experts: PositiveInt = Field(description="Experts per MoE layer (E; Mixtral's num_local_experts).")
+    top_k: PositiveInt = Field(2, description="Experts each token runs (Mixtral's num_experts_per_tok).")
+    expert_ffn_hidden: PositiveInt = Field(description="Width I of one expert's SwiGLU (intermediate_size).")
+    shared_experts: NonNegativeInt = Field(0, description="Experts every token runs besides the routed ones.")
+    routing_skew: float = Field(
+        1.0, ge=1.0, description="Systematic routing imbalance: tokens of the most loaded expert over the mean, "
+        "beyond the sampling spread the model computes [assumed 1: no published figure reached, docs/decisions.md].")
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> MoESpec:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k {self.top_k} is more than the {self.num_experts} experts")
+        return self
 
 
 class ModelSpec(Frozen):
@@ -117,6 +180,15 @@ class ModelSpec(Frozen):
     tied_embeddings: bool = True
     biases: bool = True
     source: str = ""
+    moe: MoESpec | None = Field(None, description="Mixture of experts in every block instead of the MLP.")
+
+    @model_serializer(mode="wrap")
+    def _dense_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """A dense model dumps as it did before MoE models existed (plan ids and saved rankings unchanged)."""
+        data: dict[str, object] = handler(self)
+        if self.moe is None:
+            data.pop("moe", None)
+        return data
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelSpec:
@@ -139,13 +211,34 @@ class ModelSpec(Frozen):
         return self.ffn_hidden or 4 * self.hidden
 
     def block_linears(self) -> tuple[LinearLayer, ...]:
-        """The four (sharded) weight matrices of one block, in execution order, with shapes."""
+        """The (sharded) weight matrices of one block, in execution order, with shapes: four for a dense
+        block; attention, the experts and the shared experts for a mixture of experts."""
         h, f = self.hidden, self.ffn
         qkv_out = (self.num_heads + 2 * self.kv_heads) * self.head_dim
         chunks = 2 if self.ffn_kind == "swiglu" else 1
+        if self.moe is not None:
+            return self._moe_linears(h, qkv_out)
         shapes = {"qkv": (h, qkv_out, 1), "attn_out": (h, h, 1), "mlp_up": (h, chunks * f, chunks),
                   "mlp_down": (f, h, 1)}
         return tuple(lin.with_shape(*shapes[lin.name]) for lin in BLOCK_LAYERS)
+
+    def _moe_linears(self, h: int, qkv_out: int) -> tuple[LinearLayer, ...]:
+        moe = self.moe
+        assert moe is not None
+        e, i, share = moe.num_experts, moe.expert_ffn_hidden, moe.top_k / moe.num_experts
+        shared = moe.shared_experts * i
+        shapes: dict[str, tuple[int, ...]] = {
+            "qkv": (h, qkv_out), "attn_out": (h, h), "expert_up": (h, 2 * i, 2, e, share),
+            "expert_down": (i, h, 1, e, share), "shared_up": (h, 2 * shared, 2), "shared_down": (shared, h)}
+        return tuple(lin.with_shape(*shapes[lin.name]) for lin in MOE_LAYERS if shared or "shared" not in lin.name)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def router_params(self) -> int:
+        """The router ``H × E`` of one block (0 for a dense model): replicated, as AxoNN leaves it."""
+        return self.hidden * self.moe.num_experts if self.moe is not None else 0
 
     def head_linear(self, vocab: int) -> LinearLayer:
         """The LM head for a (padded) vocabulary of `vocab` rows."""
@@ -154,8 +247,17 @@ class ModelSpec(Frozen):
     def unsharded_params_per_block(self) -> int:
         """Norm weights (and biases) that every GPU holds whole; reduced over the world."""
         norms = 2 * self.hidden * (2 if self.biases else 1)
-        biases = sum(lin.n_out for lin in self.block_linears()) if self.biases else 0
-        return norms + biases
+        biases = sum(lin.n_out * lin.experts for lin in self.block_linears()) if self.biases else 0
+        return norms + biases + self.router_params()
+
+    def replicated_tensors(self) -> int:
+        """Parameter tensors every GPU holds whole, in the model: per block its norms (weight, and bias),
+        the biases of its linears and the router; the final norm. One all-reduce each under AxoNN's
+        ``sync_gradients`` (``RunOptions.grad_sync``)."""
+        per_norm = 2 if self.biases else 1
+        linears = sum(lin.experts for lin in self.block_linears()) if self.biases else 0
+        per_block = 2 * per_norm + linears + (1 if self.moe is not None else 0)
+        return self.num_layers * per_block + per_norm
 
     def embedding_params(self) -> int:
         heads = 1 if self.tied_embeddings else 2
@@ -166,6 +268,11 @@ class ModelSpec(Frozen):
         block = sum(lin.num_params for lin in self.block_linears()) + self.unsharded_params_per_block()
         final_norm = self.hidden * (2 if self.biases else 1)
         return self.num_layers * block + self.embedding_params() + final_norm
+
+    def active_params(self) -> int:
+        """Parameters one token runs through: all but the experts it is not routed to (a dense model's all)."""
+        unused = sum(lin.num_params - round(lin.num_params * lin.token_share) for lin in self.block_linears())
+        return self.num_params() - self.num_layers * unused
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -180,6 +287,14 @@ def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSp
         name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=8, ffn_hidden=ffn,
         ffn_kind="swiglu", vocab=128256, tied_embeddings=False, biases=False,
         source="Llama 3.1 model card / config.json (Meta, 2024)",
+    )
+
+
+def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, source: str) -> ModelSpec:
+    return ModelSpec(
+        name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=8, ffn_hidden=ffn,
+        ffn_kind="swiglu", vocab=32000, tied_embeddings=False, biases=False, source=source,
+        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=ffn),
     )
 
 
@@ -201,6 +316,12 @@ PRESETS: dict[str, ModelSpec] = {
     "llama3.1-8B": _llama("llama3.1-8B", 32, 4096, 32, 14336),
     "llama3.1-70B": _llama("llama3.1-70B", 80, 8192, 64, 28672),
     "llama3.1-405B": _llama("llama3.1-405B", 126, 16384, 128, 53248),
+    # 46.7B total, 12.9B active (Mistral AI, "Mixtral of experts", 2023-12-11; Jiang et al. 2024, arXiv 2401.04088)
+    "mixtral-8x7B": _mixtral("mixtral-8x7B", 32, 4096, 32, 14336,
+                             "Mixtral-8x7B-v0.1 config.json (Hugging Face, mistralai); Jiang et al. 2024"),
+    # 141B total, 39B active (Mistral AI, "Cheaper, Better, Faster, Stronger", 2024-04-17)
+    "mixtral-8x22B": _mixtral("mixtral-8x22B", 56, 6144, 48, 16384,
+                              "Mixtral-8x22B-v0.1 config.json (Hugging Face, mistralai); Mistral AI 2024-04-17"),
 }
 
 
@@ -236,6 +357,8 @@ def load_model(name_or_path: str | Path, **overrides: int | str | None) -> Model
 
 def _base_model(name: str) -> ModelSpec:
     path = Path(name)
+    if path.suffix == ".json":
+        return load_hf_config(path)
     if path.suffix in {".yaml", ".yml"} or path.is_file():
         check_readable(path, "model file")
         data = load_yaml_mapping(path)
@@ -252,3 +375,50 @@ def _base_model(name: str) -> ModelSpec:
         f"unknown model {name!r}{closest_hint(name, PRESETS)}; presets: {', '.join(PRESETS)} "
         "(or give a path to a model YAML)"
     )
+
+
+_HF_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+def load_hf_config(path: Path) -> ModelSpec:
+    """A model from a Hugging Face ``config.json`` on disk (nothing is downloaded): a Llama-style dense model
+    (``num_key_value_heads``, ``intermediate_size``, SiLU gate: SwiGLU) or a Mixtral-style mixture of experts
+    (``num_local_experts``, ``num_experts_per_tok``). Rotary positions (no learned position table), no
+    linear biases (``attention_bias``/``mlp_bias`` false), the LM head tied as ``tie_word_embeddings`` says."""
+    from axoplan.fileio import read_text
+
+    check_readable(path, "model config")
+    try:
+        data = json.loads(read_text(path, "model config"))
+    except json.JSONDecodeError as exc:
+        raise AxoplanError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    missing = [k for k in _HF_KEYS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise AxoplanError(f"{path}: not a Hugging Face model config (no {', '.join(missing)}); give a config.json "
+                           "of a decoder-only model, a model YAML, or a preset")
+    fields = _hf_fields(data)
+    fields["name"] = str(data.get("_name_or_path") or path.parent.name or path.stem)
+    check_plausible({k: v for k, v in fields.items() if k != "moe"} | {
+        f"moe.{k}": v for k, v in (fields.get("moe") or {}).items()}, MODEL_RANGES, str(path))
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, str(path), ModelSpec)) from None
+
+
+def _hf_fields(data: dict[str, object]) -> dict[str, object]:
+    """ModelSpec fields from a Hugging Face config's keys."""
+    act = str(data.get("hidden_act", "silu"))
+    fields: dict[str, object] = {
+        "num_layers": data["num_hidden_layers"], "hidden": data["hidden_size"], "num_heads": data["num_attention_heads"],
+        "num_kv_heads": data.get("num_key_value_heads"), "ffn_hidden": data.get("intermediate_size"),
+        "ffn_kind": "swiglu" if act in ("silu", "swish") else "gelu", "vocab": data.get("vocab_size", 32000),
+        "max_positions": 0, "tied_embeddings": bool(data.get("tie_word_embeddings", False)),
+        "biases": bool(data.get("attention_bias", False) or data.get("mlp_bias", False)),
+        "source": "Hugging Face config.json",
+    }
+    experts = data.get("num_local_experts")
+    if experts:
+        fields["moe"] = {"num_experts": experts, "top_k": data.get("num_experts_per_tok", 2),
+                         "expert_ffn_hidden": data.get("intermediate_size")}
+    return fields

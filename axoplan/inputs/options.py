@@ -5,21 +5,31 @@ AxoNN Frontier script's 2048 × 2048), per-GPU micro-batches 1, 2, 4 and 8 searc
 activation recompute and weight caching searched (both values), OAR, ORS and OAG on
 (the production flags of Megatron-AxoNN), the 2-chunk forward all-reduce overlap off
 (it exists only on AxoNN's Gordon Bell branch), bf16 with fp32 gradient reduction.
+
+Issue 24 added the way AxoNN's users run it (``docs/algorithm.md`` §4b, §5d, §9): the path
+(``axonn_path``: Megatron-AxoNN's expert-mode linears, or the Hugging Face / Lightning path whose
+linears redistribute activations on entry and exit), the mixture-of-experts module
+(``moe_impl``), and two overlap behaviours of AxoNN's code (``backward_gather``, ``grad_sync``).
+Their defaults reproduce the model as it was; they are serialised only when not at their default,
+so plans, plan ids and saved rankings of earlier versions read the same (:data:`LATER_FIELDS`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from axoplan.inputs.axes import tp_order_name
 from axoplan.inputs.plausible import RUN_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen
 
-__all__ = ["RunOptions", "Choice"]
+__all__ = ["RunOptions", "Choice", "LATER_FIELDS"]
 
 Choice = Literal["on", "off", "search"]
+
+LATER_FIELDS = ("axonn_path", "moe_impl", "expert_tp", "backward_gather", "grad_sync")
+"""Options added by issue 24: left out of every dump while at their default (earlier outputs unchanged)."""
 
 
 class RunOptions(Frozen):
@@ -59,12 +69,37 @@ class RunOptions(Frozen):
         False, description="AxoNN's GEMM tuner: forward and dX GEMMs take their fastest operand layout.")
     framework: str = Field(
         "axonn", description="Framework profile (frameworks/<name>.yaml): host ops and kernels per block.")
+    axonn_path: Literal["megatron", "hf"] = Field(
+        "megatron", description="How AxoNN is run: megatron (Megatron-AxoNN's expert-mode linears, the batch over "
+        "Gdata·Gz) or hf (Hugging Face / Lightning: auto_parallelize's linears, every GPU its own sequences, "
+        "activations redistributed around every linear).")
+    moe_impl: Literal["auto", "hf-mixtral", "native"] = Field(
+        "auto", description="Mixture-of-experts module (MoE models only): hf-mixtral (AxoNN's Mixtral patch, one "
+        "4D linear per expert), native (AxoNN's DroplessMoEMLP: a grouped GEMM over a tensor-parallel group inside "
+        "Z) or auto (hf-mixtral on the hf path, native on the megatron path).")
+    expert_tp: PositiveInt = Field(
+        1, description="DroplessMoEMLP's tensor-parallel size: tokens are gathered over this many Z ranks, "
+        "expert weights sharded over the other Gz/expert_tp (native MoE only).")
+    backward_gather: Literal["prefetched", "blocking"] = Field(
+        "prefetched", description="The backward's Z all-gathers: prefetched behind the neighbouring layer (the model's "
+        "assumption) or blocking as AxoNN's AsyncLinear.backward calls them (cache=False), unless cached.")
+    grad_sync: Literal["auto", "flat", "per-tensor"] = Field(
+        "auto", description="Gradient all-reduce of replicated parameters: flat (one call), per-tensor (AxoNN's "
+        "sync_gradients, one call per parameter tensor) or auto (flat on the megatron path, per-tensor on hf).")
 
     @model_validator(mode="before")
     @classmethod
     def _plausible(cls, data: Any) -> Any:
         if isinstance(data, dict):
             check_plausible(data, RUN_RANGES, "run options")
+        return data
+
+    @model_serializer(mode="wrap")
+    def _drop_later_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in LATER_FIELDS:
+            if getattr(self, name) == type(self).model_fields[name].default:
+                data.pop(name, None)
         return data
 
     @field_validator("tp_order")
@@ -92,6 +127,23 @@ class RunOptions(Frozen):
     @classmethod
     def _sorted_unique(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(sorted(set(v)))
+
+    @property
+    def hf_path(self) -> bool:
+        """The Hugging Face / Lightning path: every GPU holds its own sequences (``axonn_path``)."""
+        return self.axonn_path == "hf"
+
+    @property
+    def moe_module(self) -> str:
+        """The MoE module actually used: ``moe_impl``, with auto resolved by the path."""
+        if self.moe_impl != "auto":
+            return self.moe_impl
+        return "hf-mixtral" if self.hf_path else "native"
+
+    @property
+    def per_tensor_sync(self) -> bool:
+        """Whether replicated parameters are all-reduced one tensor at a time (``grad_sync``)."""
+        return self.grad_sync == "per-tensor" or (self.grad_sync == "auto" and self.hf_path)
 
     @property
     def tokens(self) -> int:

@@ -7,7 +7,8 @@ NIC faster than any NIC that exists was most likely given in Gb/s where GB/s bel
 
 Ranges are physical bounds with a margin, not judgements of a design: the hard limits sit
 well beyond every part that exists (the fastest NIC carries 800 Gb/s = 100 GB/s; the largest
-HBM today is 288 GB per GPU; the widest NVLink domain 72 GPUs), so a future machine passes
+HBM today is 288 GB per GPU; the widest NVLink domain built 72 GPUs, of up to 576 the switches
+can join), so a future machine passes
 with at most a warning.
 """
 
@@ -75,11 +76,18 @@ MACHINE_RANGES: dict[str, Range] = {
     "device.reserve.runtime_gb": Range("GB", (0, 1e3), (0, 16)),
     "device.reserve.per_communicator_gb": Range("GB", (0, 100), (0, 4)),
     "device.reserve.fragmentation": Range("(fraction of HBM)", (0, 0.99), (0, 0.5)),
+    "device.unified_memory.host_share_gb": Range("GB", (0, 1e4), (0, 64)),
+    "device.unified_memory.cpu_memory_gb": Range("GB", (0, 1e5), (0, 2048)),
+    "device.unified_memory.cpu_link_gbs": _LINK,
     "intra_node.link_classes.*.bandwidth_gbs": _LINK,
     "intra_node.device_bandwidth_gbs": _LINK,
     "intra_node.latency_us": _LATENCY,
     "intra_node.efficiency": _FRACTION,
     "intra_node.processor_usage": Range("(fraction)", (0, 0.99), (0, 0.5)),
+    "scale_up.devices": Range("devices", (2, 1e5), (2, 576)),  # NVLink 5 switches join at most 576 GPUs [doc NVIDIA]
+    "scale_up.bandwidth_gbs": _LINK,
+    "scale_up.latency_us": _LATENCY,
+    "scale_up.efficiency": _FRACTION,
     "inter_node.nics_per_node": Range("NICs", (1, 1024), (1, 32)),
     "inter_node.nic_bandwidth_gbs": Range(
         "GB/s per NIC", (1e-3, 200), (0.1, 100),
@@ -130,6 +138,11 @@ MODEL_RANGES: dict[str, Range] = {
     "ffn_hidden": Range("features", (1, 1 << 24), (8, 1 << 19)),
     "vocab": Range("tokens", (1, 1 << 27), (2, 1 << 21)),
     "max_positions": Range("positions", (0, 1 << 26), (0, 1 << 22)),
+    "moe.num_experts": Range("experts", (1, 1 << 16), (2, 1024)),
+    "moe.top_k": Range("experts per token", (1, 1 << 16), (1, 16)),
+    "moe.expert_ffn_hidden": Range("features", (1, 1 << 24), (8, 1 << 19)),
+    "moe.shared_experts": Range("experts", (0, 1 << 10), (0, 16)),
+    "moe.routing_skew": Range("(most loaded over mean)", (1, 1e3), (1, 4)),
 }
 """Every numeric field of a model YAML with its unit and ranges."""
 
@@ -137,6 +150,7 @@ RUN_RANGES: dict[str, Range] = {
     "global_batch": Range("sequences", (1, 1 << 27), (1, 1 << 20)),
     "seq_len": Range("tokens", (1, 1 << 24), (1, 1 << 21)),
     "micro_batches.*": Range("sequences", (1, 1 << 20), (1, 1 << 12)),
+    "expert_tp": Range("GPUs", (1, 1 << 24), (1, 1 << 12)),
 }
 """Every numeric run option (``axoplan.inputs.options.RunOptions``) with its unit and ranges."""
 

@@ -4,7 +4,8 @@ A machine YAML's ``launcher.queues`` lists, in order of preference, each queue's
 time and node range, with its source. The exporter takes the first queue whose node range holds
 the job and whose wall-time limit holds the whole run; when none holds the whole run it takes
 the queue with the longest limit for that node count and splits the run into chained jobs
-(each resubmits the next with ``sbatch --dependency=afterok``), every job at most that limit:
+(each submits the next with the scheduler's own dependency, axoplan.inputs.schedulers), every job at most
+that limit:
 
     iterations per job = floor((limit - margin) / step time)
     jobs               = ceil(iterations / iterations per job)
@@ -28,6 +29,9 @@ class QueueLimit(Frozen):
     name: str = Field(description="Label shown in the script and warnings.")
     partition: str | None = Field(None, description="Slurm partition (-p) this queue means; None keeps the default.")
     qos: str | None = Field(None, description="Slurm QOS (-q) this queue means; None keeps the default.")
+    queue: str | None = Field(None, description="PBS or Flux queue (-q) this limit belongs to (a PBS routing queue "
+                              "such as Aurora's prod, whose node ranges have their own limits); None keeps the "
+                              "default.")
     max_walltime_minutes: PositiveInt
     min_nodes: PositiveInt = 1
     max_nodes: PositiveInt

@@ -185,15 +185,19 @@ def _contradiction(plan: LaunchConfig) -> str | None:
     return None
 
 
-_LATER_OPTIONS = ("tuned_gemm", "concurrent_z", "attention", "framework", "tp_order")
-"""Run options newer than the plan-id scheme: hashed only when not at their default."""
+_EARLIER_SCHEME = ("tuned_gemm", "concurrent_z", "attention", "framework", "tp_order")
+"""The options some versions before 2026-11-25 hashed even at their default (``_earlier_ids``)."""
+
+_LATER_OPTIONS = (*_EARLIER_SCHEME, "axonn_path", "moe_impl", "expert_tp", "backward_gather", "grad_sync")
+"""Run options newer than the plan-id scheme: hashed only when not at their default (issue 24's are also left
+out of the options' dump at their default, ``axoplan.inputs.options.LATER_FIELDS``)."""
 
 
 def _earlier_ids(plan: LaunchConfig) -> set[str]:
     """The ids versions before 2026-11-25 gave this plan: they hashed some later options even at their default."""
     from itertools import combinations
 
-    names = [n for n in _LATER_OPTIONS if n != "tuned_gemm"]  # tuned_gemm was left out at its default from the start
+    names = [n for n in _EARLIER_SCHEME if n != "tuned_gemm"]  # tuned_gemm was left out at its default from the start
     subsets = [c for k in range(1, len(names) + 1) for c in combinations(names, k)]
     return {plan_id(plan.machine, plan.model, plan.options, plan.layout.to_layout(), plan.micro_batch, plan.recompute,
                     plan.cache_weights, hashed_defaults=s) for s in subsets}

@@ -38,7 +38,8 @@ def suggest_global_batches(r: Ranking, usable: np.ndarray, limit: int = 3) -> li
     """
     batch = r.options.global_batch
     c = r.candidates
-    steps = sorted({int(v) for v in sequences_per_micro_step(c.gdata, c.gz, c.micro_batch)[usable]})
+    shards = c.gx * c.gy if r.options.hf_path else 1
+    steps = sorted({int(v) for v in sequences_per_micro_step(c.gdata, c.gz, c.micro_batch, shards)[usable]})
     tried = _candidate_batches(batch, steps)
     speed: dict[int, float] = {}
     for b in tried:

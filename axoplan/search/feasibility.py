@@ -8,8 +8,13 @@ reasons are reported (the first that fails names the candidate's reason):
 * ``positions``: the sequence fits the model's learned position embeddings;
 * ``dims-x`` / ``dims-y``: every feature dimension split over X (resp. Y) divides by Gx
   (Gy); a layer whose output is several parts (SwiGLU's gate and up) splits each part;
-* ``heads``: Gy divides the attention heads and the KV heads (heads are split over Y);
-* ``batch``: Gdata·Gz·micro-batch divides the global batch (gradient accumulation);
+* ``heads``: Gy divides the attention heads and the KV heads (heads are split over Y; not on the
+  Hugging Face path, whose attention runs every head on the GPU's own tokens);
+* ``batch``: Gdata·Gz·micro-batch divides the global batch (gradient accumulation); on the Hugging
+  Face path every GPU holds its own sequences, so G·micro-batch must divide it;
+* ``moe``: the MoE module can run the layout: AxoNN's native ``DroplessMoEMLP`` builds its
+  tensor-parallel and FSDP groups inside Z (``Gx = Gy = 1``, ``expert_tp`` dividing Gz and the
+  expert width; ``axonn/intra_layer/moe/linear.py``); the Mixtral patch's linears need the hf path;
 * ``zblock``: only for AxoNN's own linears, which do not pad: Gz divides each layer's
   X·Y weight block (the native executor zero-pads the last Z shard);
 * ``memory``: the memory the layout needs does not fit the HBM even at the low end of its
@@ -35,7 +40,7 @@ from axoplan.space.layout import sequences_per_micro_step
 
 __all__ = ["REASONS", "Feasibility", "check"]
 
-REASONS = ("", "positions", "dims-x", "dims-y", "heads", "batch", "zblock", "memory")
+REASONS = ("", "positions", "dims-x", "dims-y", "heads", "batch", "moe", "zblock", "memory")
 
 Bools = npt.NDArray[np.bool_]
 Floats = npt.NDArray[np.float64]
@@ -87,18 +92,39 @@ def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "n
         dims[lin.in_axis] |= lin.k_in % sizes[lin.in_axis] != 0
         dims[lin.out_axis] |= (lin.n_out // lin.out_chunks) % sizes[lin.out_axis] != 0
         if engine == "axonn":
-            zblock |= (lin.num_params // (c.gx * c.gy)) % c.gz != 0
+            zblock |= (lin.params_per_copy // (c.gx * c.gy)) % c.gz != 0
     too_long = bool(model.max_positions) and options.seq_len > model.max_positions
+    heads = (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0)
+    shards = c.gx * c.gy if options.hf_path else 1
     fails = {
         "positions": np.full(n, too_long),
         "dims-x": dims["x"],
         "dims-y": dims["y"],
-        "heads": (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0),
-        "batch": options.global_batch % sequences_per_micro_step(c.gdata, c.gz, c.micro_batch) != 0,
+        "heads": heads & (not options.hf_path),
+        "batch": options.global_batch % sequences_per_micro_step(c.gdata, c.gz, c.micro_batch, shards) != 0,
+        "moe": _moe_fails(model, options, c),
         "zblock": zblock,
         "memory": memory.does_not_fit if memory is not None else np.zeros(n, dtype=bool),
     }
     return Feasibility(model, options, c, fails, memory)
+
+
+def _moe_fails(model: ModelSpec, options: RunOptions, c: Candidates) -> npt.NDArray[np.bool_]:
+    """Where the model's MoE module cannot run the layout (module docstring)."""
+    if model.moe is None:
+        return np.zeros(len(c), dtype=bool)
+    if options.moe_module == "hf-mixtral":
+        return np.full(len(c), not options.hf_path)
+    tp, width = options.expert_tp, model.moe.expert_ffn_hidden
+    return (c.gx * c.gy != 1) | (c.gz % tp != 0) | (width % tp != 0)
+
+
+def _moe(f: Feasibility, i: int) -> str:
+    c, o = f.candidates, f.options
+    if o.moe_module == "hf-mixtral":
+        return "AxoNN's Mixtral patch runs its expert linears on the hf path (--axonn-path hf)"
+    return (f"AxoNN's native MoE module builds its groups inside Z: it needs Gx=Gy=1 and --expert-tp {o.expert_tp} "
+            f"dividing Gz={c.gz[i]} and the expert width (layout {c.layout(i)})")
 
 
 def _positions(f: Feasibility, i: int) -> str:
@@ -120,6 +146,10 @@ def _heads(f: Feasibility, i: int) -> str:
 
 def _batch(f: Feasibility, i: int) -> str:
     c = f.candidates
+    if f.options.hf_path:
+        per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i], c.gx[i] * c.gy[i]))
+        return (f"global batch {f.options.global_batch} is not divisible by GPUs*micro-batch = {per} (on the hf path "
+                "every GPU holds its own sequences)")
     per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i]))
     return f"global batch {f.options.global_batch} is not divisible by Gdata*Gz*micro-batch = {per}"
 
@@ -140,5 +170,5 @@ def _memory(f: Feasibility, i: int) -> str:
 
 _TEXT: dict[str, Callable[[Feasibility, int], str]] = {
     "positions": _positions, "dims-x": _dims("x"), "dims-y": _dims("y"), "heads": _heads, "batch": _batch,
-    "zblock": _zblock, "memory": _memory,
+    "moe": _moe, "zblock": _zblock, "memory": _memory,
 }

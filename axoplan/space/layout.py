@@ -117,11 +117,14 @@ class Layout:
         return text if self.order == DEFAULT_ORDER else f"{text}/{order_name(self.order)}"
 
 
-def sequences_per_micro_step(gdata: IntLike, gz: IntLike, micro_batch: IntLike) -> IntLike:
+def sequences_per_micro_step(gdata: IntLike, gz: IntLike, micro_batch: IntLike, shards: IntLike = 1) -> IntLike:
     """``Gdata·Gz·micro-batch``: the sequences one micro-step of a layout takes. Z shards the batch as
     data parallelism does (each Z rank holds its own sequences), so the global batch must be a
-    multiple of this, and ``global batch / this`` is the gradient-accumulation count. Ints or arrays."""
-    return gdata * gz * micro_batch
+    multiple of this, and ``global batch / this`` is the gradient-accumulation count. Ints or arrays.
+
+    `shards` multiplies it where the X·Y group's GPUs hold their own sequences too (``Gx·Gy`` on AxoNN's
+    Hugging Face path, whose Lightning strategy samples over the whole world)."""
+    return gdata * gz * micro_batch * shards
 
 
 def parse_layout(text: str) -> Layout:

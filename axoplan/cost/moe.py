@@ -1,0 +1,164 @@
+"""Mixture-of-experts blocks on AxoNN's two MoE paths, for every candidate (``docs/algorithm.md`` §4c).
+
+Neither path has expert parallelism: every GPU holds a shard of every expert.
+
+* **hf-mixtral** (AxoNN's Hugging Face Mixtral patch, ``axonn/models/transformers/modify_mixtral.py``):
+  each expert's ``w1``, ``w3`` (plain) and ``w2`` (transposed) is its own AxoNN linear on the hf path, so a
+  block runs ``3·E`` linears, each with its own Z all-gather, reduce-scatter and X/Y collectives, on the
+  ``top_k/E`` of the X·Y group's tokens routed to that expert: small GEMMs, priced by the tile and wave
+  model (``axoplan.cost.compute``). The ranks of a Z group meet in every expert's collectives, so each
+  expert waits for the Z shard with the most tokens routed to it (:func:`imbalance_factor`).
+* **native** (AxoNN's ``DroplessMoEMLP``, ``axonn/intra_layer/moe/layer.py``, ``linear.py``, ``routing.py``,
+  ``communication.py``): inside Z (``Gx = Gy = 1``) a tensor-parallel group of ``expert_tp`` ranks gathers
+  its tokens and routing map, permutes them by expert, runs one grouped GEMM per projection on the expert
+  FFN width split ``expert_tp`` ways, and reduce-scatters the output; the expert weights are sharded over the
+  other ``Gz/expert_tp`` ranks (FSDP), gathered before the forward and again before the backward
+  (``_gather(..., cache=False)``), their gradients reduce-scattered, all blocking (:func:`native_terms`).
+
+The router (``nn.Linear(H, E)``) is replicated on both paths: every GPU runs it on its own tokens and its
+gradient is all-reduced with the other replicated parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.cost import collectives as coll
+from axoplan.cost.placement import place_groups
+from axoplan.cost.scale import expected_max_normal
+from axoplan.cost.terms import CollectiveTerm
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import LinearLayer, ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+
+__all__ = ["ExpertPlan", "expert_plan", "imbalance_factor", "native_terms", "NativeGroups", "native_groups"]
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+BYTES = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertPlan:
+    """How the cost model runs one of a block's linears: its shape as one call, calls per block, GEMM rows per
+    call, the factor of the most loaded shard, the shard a GPU keeps, and whether it is native MoE."""
+
+    spec: LinearLayer
+    calls: int
+    rows: Floats
+    gemm_factor: Floats | float
+    shard_elems: Floats | None
+    native: bool
+
+
+def expert_plan(spec: LinearLayer, model: ModelSpec, options: RunOptions, c: Candidates, rows: Floats,
+                tokens: Floats) -> ExpertPlan:
+    """A dense linear as it is; an expert linear as its MoE path runs it (module docstring).
+
+    `rows` are the tokens a dense linear's GEMMs see (the hf path's gathered rows), `tokens` the GPU's own."""
+    if not spec.is_expert or model.moe is None:
+        return ExpertPlan(spec, 1, rows, 1.0, None, False)
+    if options.moe_module == "hf-mixtral":
+        one = spec.with_shape(spec.k_in, spec.n_out, spec.out_chunks, 1, spec.token_share)
+        routed = rows * spec.token_share
+        return ExpertPlan(one, spec.experts, routed, imbalance_factor(model, c, routed), None, False)
+    tp = options.expert_tp
+    k, n = (spec.k_in, spec.n_out // tp) if not spec.transposed else (spec.k_in // tp, spec.n_out)
+    grouped = spec.with_shape(k, n, spec.out_chunks, spec.experts, spec.token_share)
+    shard = np.ceil(spec.num_params / c.gz.astype(np.float64))
+    return ExpertPlan(grouped, 1, tokens * tp * model.moe.top_k, 1.0, shard, True)
+
+
+def imbalance_factor(model: ModelSpec, c: Candidates, routed: Floats) -> Floats:
+    """How much longer an expert's GEMMs take on the most loaded of the ``Gz`` shards that meet in its
+    collectives than on an average one: ``skew · (1 + cv · E[max of Gz standard normals])``.
+
+    Each of ``n`` rows picks this expert with probability ``p = top_k/E`` (the balance that the load-balancing
+    loss aims for: Fedus et al., Switch Transformer, JMLR 2022, §2.2), so its count is binomial with mean
+    ``n·p`` and ``cv = sqrt((1 − p)/(n·p))``; the Gz shards meet in every expert's Z collectives and wait for
+    the largest count (the expected maximum of Gz normals, as for the slowest GPU: ``axoplan.cost.scale``).
+    ``routing_skew`` is the systematic part beyond sampling (``ModelSpec.moe``)."""
+    assert model.moe is not None
+    p = model.moe.top_k / model.moe.num_experts
+    cv = np.sqrt((1.0 - p) / np.maximum(routed, 1e-9))
+    return model.moe.routing_skew * (1.0 + cv * expected_max_normal(c.gz))
+
+
+@dataclass(frozen=True, slots=True)
+class NativeGroups:
+    """DroplessMoEMLP's two groups inside Z: the tensor-parallel one (``expert_tp`` ranks, Z's stride) and the
+    FSDP one (``Gz/expert_tp`` ranks, stride ``expert_tp`` times Z's), each placed."""
+
+    tp_size: Floats
+    tp_stride: Ints
+    tp_bw: Floats
+    tp_ring: Floats
+    fsdp_size: Floats
+    fsdp_stride: Ints
+    fsdp_bw: Floats
+    fsdp_ring: Floats
+
+
+def native_groups(machine: Machine, c: Candidates, z_stride: Ints, options: RunOptions) -> NativeGroups:
+    tp = options.expert_tp
+    gz = c.gz.astype(np.int64)
+    tp_size = np.minimum(gz, tp)
+    fsdp_size = np.maximum(gz // tp, 1)
+    strides = np.concatenate([z_stride, z_stride * tp])
+    placed = place_groups(machine, strides, np.concatenate([tp_size, fsdp_size]))
+    n = len(c)
+    return NativeGroups(tp_size.astype(np.float64), z_stride, placed.bandwidth_gbs[:n], placed.ring_latency_us[:n],
+                        fsdp_size.astype(np.float64), z_stride * tp, placed.bandwidth_gbs[n:],
+                        placed.ring_latency_us[n:])
+
+
+def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, ng: NativeGroups, n_micro: Floats,
+                 tokens: Floats) -> list[CollectiveTerm]:
+    """The collectives of the native MoE layers, all blocking (module docstring), per micro-batch and layer:
+
+    ======== ======================================== ===== =================================
+    phase    collective                               group bytes per call
+    ======== ======================================== ===== =================================
+    forward  all-gather of the routing map (bool)     tp    ``tp·E·m``
+    forward  all-gather of the tokens                 tp    ``tp·m·H·2``
+    forward  all-gather of fc's and proj's experts    fsdp  ``E·2I·H/tp·2``, ``E·I·H/tp·2``
+    forward  reduce-scatter of the output             tp    ``tp·m·H·2``
+    backward all-gather of the output gradient        tp    ``tp·m·H·2``
+    backward all-gather of fc's and proj's experts    fsdp  as forward
+    backward reduce-scatter of their gradients        fsdp  as forward
+    backward reduce-scatter of the input gradient     tp    ``tp·m·H·2``
+    ======== ======================================== ===== =================================
+
+    ``m = micro_batch·S`` tokens per GPU; under full recompute the forward's rows run again."""
+    moe = model.moe
+    assert moe is not None
+    tp = float(options.expert_tp)
+    e, i, h = float(moe.num_experts), float(moe.expert_ffn_hidden), float(model.hidden)
+    calls = n_micro * model.num_layers
+    rec = calls * c.recompute.astype(np.float64)
+    tokens_b = tp * tokens * h * BYTES
+    fc_b, proj_b = np.full_like(tokens, e * 2 * i * h / tp * BYTES), np.full_like(tokens, e * i * h / tp * BYTES)
+    rows = []
+    for phase, k in (("forward", calls), ("recompute", rec)):
+        rows += [(phase, "all-gather (routing map)", "tp", tp * e * tokens, k),
+                 (phase, "all-gather (tokens)", "tp", tokens_b, k),
+                 (phase, "all-gather (fc experts)", "fsdp", fc_b, k), (phase, "all-gather (proj experts)", "fsdp", proj_b, k),
+                 (phase, "reduce-scatter (output)", "tp", tokens_b, k)]
+    rows += [("backward", "all-gather (output grad)", "tp", tokens_b, calls),
+             ("backward", "all-gather (proj experts)", "fsdp", proj_b, calls),
+             ("backward", "reduce-scatter (proj grads)", "fsdp", proj_b, calls),
+             ("backward", "all-gather (fc experts)", "fsdp", fc_b, calls),
+             ("backward", "reduce-scatter (fc grads)", "fsdp", fc_b, calls),
+             ("backward", "reduce-scatter (input grad)", "tp", tokens_b, calls)]
+    out = []
+    for phase, op, group, nbytes, k in rows:
+        size, stride, bw, ring = ((ng.tp_size, ng.tp_stride, ng.tp_bw, ng.tp_ring) if group == "tp" else
+                                  (ng.fsdp_size, ng.fsdp_stride, ng.fsdp_bw, ng.fsdp_ring))
+        t = coll.all_gather_s(nbytes, size, bw, ring)  # ring all-gather and reduce-scatter cost the same
+        out.append(CollectiveTerm("experts (native)", phase, op, "z", size.astype(np.int64), stride, nbytes, k, bw,
+                                  t, t))
+    return out
