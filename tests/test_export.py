@@ -89,6 +89,46 @@ def parse_sbatch(script: str) -> dict[str, str]:
     return out
 
 
+_PBS_KEYS = {"-A": "account", "-q": "queue", "-N": "job-name", "-j": "join", "-k": "keep"}
+_PBS_RESOURCES = {"select": "nodes", "walltime": "time", "place": "place", "filesystems": "filesystems"}
+_FLUX_KEYS = {"-N": "nodes", "-n": "ntasks", "-g": "gpus-per-slot", "-q": "queue", "-B": "account", "-t": "time",
+              "-x": "exclusive"}
+
+
+def parse_directives(script: str) -> dict[str, str]:
+    """The scheduler directives of a Slurm, PBS or Flux script as {long name: value}: Slurm's as
+    :func:`parse_sbatch`; PBS's '-l select=4' as nodes, '-l walltime=...' as time, '-q' as queue; Flux's
+    '-t 27m' as time, '-q' as queue, '-B' as account."""
+    if "#SBATCH " in script:
+        return parse_sbatch(script)
+    out = {}
+    for line in script.splitlines():
+        if line.startswith("#PBS "):
+            flag, _, value = line.removeprefix("#PBS ").strip().partition(" ")
+            if flag == "-l":
+                key, _, value = value.partition("=")
+                out[_PBS_RESOURCES[key]] = value
+            else:
+                out[_PBS_KEYS[flag]] = value
+        elif line.startswith("# flux: "):
+            opt = line.removeprefix("# flux: ").strip()
+            if opt.startswith("--"):
+                key, _, value = opt[2:].partition("=")
+            else:
+                flag, _, value = opt.partition(" ")
+                key = _FLUX_KEYS[flag]
+            out[key] = value.strip()
+    return out
+
+
+def directive_seconds(value: str) -> int:
+    """Seconds of a wall time as a header holds it: HH:MM:SS (Slurm, PBS) or Flux's '27m' / '90s'."""
+    if value.endswith(("m", "s")):
+        return int(value[:-1]) * (60 if value.endswith("m") else 1)
+    h, m, s = (int(v) for v in value.split(":"))
+    return 3600 * h + 60 * m + s
+
+
 def launch_words(script: str, launcher: str) -> list[str]:
     """The words of the launch command (srun / torchrun) up to the payload: the last such line (a staged
     script runs srun once before it, to unpack the environment on every node)."""
@@ -124,14 +164,15 @@ def bash_n(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
 
 
-def fixed_plan(machine: str, model: str, layout: Layout, micro_batch: int, t_step_s: float) -> LaunchConfig:
+def fixed_plan(machine: str, model: str, layout: Layout, micro_batch: int, t_step_s: float,
+               options: RunOptions | None = None) -> LaunchConfig:
     """A launch config with a hand-set prediction, independent of the cost model."""
     m = load_machine(machine)
     pred = PredictedStep(t_step_s=t_step_s, t_compute_s=t_step_s * 0.6, t_comm_exposed_s=t_step_s * 0.4,
                          mem_total_bytes=40e9, tflops_per_gpu=100.0, pct_peak=30.0, breakdown={"t_step_s": t_step_s})
     return LaunchConfig.build(machine=machine, devices_per_node=m.devices_per_node, model=PRESETS[model],
-                              options=RunOptions(), layout=layout, micro_batch=micro_batch, recompute=False,
-                              cache_weights=True, prediction=pred)
+                              options=options or RunOptions(), layout=layout, micro_batch=micro_batch,
+                              recompute=False, cache_weights=True, prediction=pred)
 
 
 # ----------------------------------------------------------------------------- golden files
@@ -156,13 +197,35 @@ GOLDEN_CASES = {
     # 2,048 GPUs = 512 nodes >= Perlmutter's staging threshold (256): the env is sbcast to /tmp
     "perlmutter-staged": ("perlmutter", "80B", Layout(4, 1, 64, 8), 1, 3.5, JobSettings(
         site=SiteSettings(account="m1234_g", python_env="envs/torch"))),
+    # issue 25: one per machine added, each a layout the cost model ranks first or near it for 70B on ~1,024 GPUs
+    "el-capitan": ("el-capitan", "llama3.1-70B", Layout(1, 4, 16, 16), 8, 8.8, JobSettings()),
+    "tuolumne": ("tuolumne", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(
+        site=SiteSettings(account="guests", python_env="envs/torch"))),
+    # Aurora: 12 tiles a node, so 768 tiles = 64 nodes; a global batch of 1,536 divides over Gdata 24
+    "aurora": ("aurora", "llama3.1-70B", Layout(4, 1, 8, 24), 1, 11.4, JobSettings()),
+    # 3,072 tiles = 256 nodes >= the Copper threshold; 20,000 x 11.4 s = 63 h > tiny's 6 h: chained as well
+    "aurora-staged": ("aurora", "llama3.1-70B", Layout(4, 1, 32, 24), 1, 11.4, JobSettings(
+        iterations=20_000, command="python train.py", site=SiteSettings(account="MyProject", python_env="envs/torch"))),
+    "lumi-g": ("lumi-g", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings()),
+    "jupiter": ("jupiter", "llama3.1-70B", Layout(1, 2, 128, 4), 4, 6.4, JobSettings()),
+    "polaris": ("polaris", "llama3.1-70B", Layout(1, 1, 128, 8), 2, 19.8, JobSettings()),
+    # 64 nodes: prod's medium queue (25-99 nodes, 6 h); 10,000 x 7.25 s = 20.1 h -> chained with qsub -W depend
+    "polaris-chained": ("polaris", "20B", Layout(4, 1, 8, 8), 2, 7.25, JobSettings(iterations=10_000,
+                                                                                  command="python train.py")),
+    "isambard-ai": ("isambard-ai", "llama3.1-70B", Layout(1, 2, 128, 4), 4, 6.4, JobSettings()),
+    "dgx-h200": ("dgx-h200", "llama3.1-70B", Layout(1, 1, 128, 8), 2, 3.25, JobSettings()),
+    "dgx-b200": ("dgx-b200", "llama3.1-70B", Layout(1, 2, 64, 8), 4, 2.0, JobSettings()),
+    "gb200-nvl72": ("gb200-nvl72", "llama3.1-70B", Layout(2, 4, 8, 16), 8, 2.45, JobSettings()),
+    "mi300x": ("mi300x", "llama3.1-70B", Layout(1, 1, 128, 8), 2, 3.9, JobSettings()),
 }
+GOLDEN_OPTIONS = {"aurora": RunOptions(global_batch=1536), "aurora-staged": RunOptions(global_batch=1536)}
+"""Run options of a golden case other than the defaults."""
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_golden_job_script(name: str):
     machine, model, layout, mbs, t_step, settings = GOLDEN_CASES[name]
-    plan = fixed_plan(machine, model, layout, mbs, t_step)
+    plan = fixed_plan(machine, model, layout, mbs, t_step, GOLDEN_OPTIONS.get(name))
     if settings.tokens is not None:
         plan = with_training(plan, settings.tokens)
     folder = f"01-x{layout.gx}-y{layout.gy}-z{layout.gz}-d{layout.gdata}"

@@ -153,3 +153,82 @@ def test_a_row_without_a_latency_keeps_the_machine_latency() -> None:
     machine = load_machine("perlmutter")
     assert all(r.latency_us is None for r in machine.measured_bandwidth)
     assert place(machine, 1, 2).latency_us == machine.intra_node.latency_us
+
+
+# ------------------------------------------------------------------------- a scale-up domain across nodes (issue 25)
+
+def test_a_group_across_trays_inside_one_nvl72_rack_runs_at_nvlink_speed() -> None:
+    """GB200 NVL72: nodes (trays) of 4 GPUs, 72 GPUs on one NVLink domain. Stride 1, size 8 spans two trays;
+    8 divides 72, so every such group sits inside one rack: 900 GB/s x 0.8 = 720 GB/s (its 4 members on one
+    tray have 3 x 900 capped at the GPU's 900, x 0.8 = 720 too), not the network's 4 x 50 x 0.93 = 186; the
+    ring pays 6 steps on the tray's links (2 us) and 1 through the switch trays (2.5 us) = 14.5 us."""
+    m = load_machine("gb200-nvl72")
+    g = place(m, stride=1, size=8)
+    assert not g.crosses_nodes and g.link == "nvl72-nvlink"
+    assert g.bandwidth_gbs == pytest.approx(720.0)
+    assert g.latency_us == 2.5 and g.ring_latency_us == pytest.approx(6 * 2.0 + 1 * 2.5)
+    without = m.model_copy(update={"scale_up": None})
+    network = place(without, stride=1, size=8)
+    assert network.crosses_nodes and network.bandwidth_gbs == pytest.approx(4 * 50 * 0.93)  # 2 nodes: no scale loss
+
+
+def test_a_strided_group_filling_the_rack_stays_on_nvlink() -> None:
+    """Stride 4 (one member per tray), size 18: 72 ranks, exactly one rack: 900 x 0.8 = 720 GB/s, where on the
+    network four such groups would share each tray's 4 NICs: 200 x 0.93 / 4 x (18/2)^-0.04 = 42.0 GB/s."""
+    m = load_machine("gb200-nvl72")
+    assert place(m, stride=4, size=18).bandwidth_gbs == pytest.approx(720.0)
+    without = m.model_copy(update={"scale_up": None})
+    assert place(without, stride=4, size=18).bandwidth_gbs == pytest.approx(200 * 0.93 / 4 * 9 ** -0.04)
+
+
+def test_a_group_that_straddles_two_racks_crosses_the_network() -> None:
+    """Stride 1, size 16: 16 does not divide 72, so some groups span two racks and the worst decides: the
+    network, one group per tray using its 4 NICs, 186 x (4 nodes / 2)^-0.04 = 180.9 GB/s."""
+    m = load_machine("gb200-nvl72")
+    g = place(m, stride=1, size=16)
+    assert g.crosses_nodes and g.link == "network + nvlink5"
+    assert g.bandwidth_gbs == pytest.approx(186.0 * 2 ** -0.04)
+    assert g.ring_latency_us == pytest.approx(12 * 2.0 + 3 * m.inter_node.latency_us)
+
+
+def test_groups_inside_one_tray_are_untouched_by_the_domain() -> None:
+    m = load_machine("gb200-nvl72")
+    without = m.model_copy(update={"scale_up": None})
+    for stride, size in ((1, 2), (1, 4), (2, 2)):
+        assert place(m, stride, size) == place(without, stride, size)
+
+
+def test_vectorised_placement_matches_scalar_with_a_domain() -> None:
+    m = load_machine("gb200-nvl72")
+    strides = np.array([1, 1, 1, 4, 8, 2, 16, 72])
+    sizes = np.array([4, 8, 16, 18, 9, 36, 4, 2])
+    placed = place_groups(m, strides, sizes)
+    for i, (s, p) in enumerate(zip(strides, sizes, strict=True)):
+        g = place(m, int(s), int(p))
+        assert placed.bandwidth_gbs[i] == g.bandwidth_gbs and placed.crosses_nodes[i] == g.crosses_nodes
+        assert placed.ring_latency_us[i] == g.ring_latency_us
+
+
+def test_a_row_measured_inside_the_domain_prices_only_groups_inside_a_domain() -> None:
+    """A measured row for (stride 1, size 8) was taken inside one rack: it prices that group (and, as the
+    largest size, larger ones), but not size 16, which crosses racks and keeps the network theory."""
+    from axoplan.inputs.machine import MeasuredBandwidth
+
+    m = load_machine("gb200-nvl72")
+    measured = m.model_copy(update={"measured_bandwidth": (MeasuredBandwidth(stride=1, size=8, bandwidth_gbs=600),)})
+    assert place(measured, 1, 8).bandwidth_gbs == 600 and "measured" in place(measured, 1, 8).link
+    assert place(measured, 1, 16) == place(m, 1, 16)
+
+
+def test_the_domain_must_hold_whole_nodes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from axoplan.errors import AxoplanError
+    from axoplan.inputs.machine import machines_dir
+
+    data = yaml.safe_load((machines_dir() / "gb200-nvl72.yaml").read_text())
+    data["scale_up"]["devices"] = 70
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(AxoplanError, match="scale_up.devices 70 must be a multiple of devices_per_node"):
+        load_machine(path)

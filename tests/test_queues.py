@@ -19,7 +19,7 @@ from axoplan.inputs.queues import QueueLimit, choose_queue
 from axoplan.records.plan import LaunchConfig, PredictedStep
 from axoplan.space.layout import Layout
 from tests.conftest import run_cli
-from tests.test_export import parse_sbatch
+from tests.test_export import directive_seconds, parse_directives
 
 # every shipped machine whose launcher lists queues (at least the three that did when this was written)
 _QUEUED = tuple(m for m in shipped_machines() if (launcher := load_machine(m).launcher) and launcher.queues)
@@ -138,11 +138,6 @@ def _plan(machine: str, nodes: int, t_step_s: float) -> LaunchConfig:
                               recompute=False, cache_weights=False, prediction=pred)
 
 
-def _seconds(hms: str) -> int:
-    h, m, s = (int(v) for v in hms.split(":"))
-    return 3600 * h + 60 * m + s
-
-
 @pytest.mark.parametrize("machine", _QUEUED)
 def test_no_exported_script_asks_more_than_its_queue(machine: str) -> None:
     """The rendered job script's `-t` and partition/QOS, at each queue's node bounds, short to very long runs."""
@@ -156,9 +151,9 @@ def test_no_exported_script_asks_more_than_its_queue(machine: str) -> None:
                 plan, settings = _plan(machine, nodes, t_step_s), JobSettings(iterations=iterations)
                 choice = queue_choice(plan, mach, settings)
                 assert choice is not None  # every node count here is in some queue's range
-                head = parse_sbatch(render_job_script(plan, mach, settings, "01-x", 1))
-                assert _seconds(head["time"]) <= choice.queue.max_walltime_minutes * 60, (nodes, iterations)
-                for key in ("partition", "qos"):
+                head = parse_directives(render_job_script(plan, mach, settings, "01-x", 1))
+                assert directive_seconds(head["time"]) <= choice.queue.max_walltime_minutes * 60, (nodes, iterations)
+                for key in ("partition", "qos", "queue"):
                     if getattr(choice.queue, key) is not None:
                         assert head[key] == getattr(choice.queue, key)
                 checked += 1

@@ -1,0 +1,57 @@
+#!/bin/bash
+# axoplan export, rank 1: llama3.1-70B on 1024 x NVIDIA GH200 (H100 96GB) (jupiter), 256 nodes
+# layout Gx=1 Gy=2 Gz=128 Gdata=4, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=4 G_intra_r=2 G_intra_c=1 G_intra_d=128)
+# micro-batch 4, no recompute, cached weights, 1 micro-batch per step; global batch 2048 x 2048 tokens
+# predicted 6.400 s/iteration x 100 iterations + 10 min margin = wall time 00:21:00
+# plan fda00732630c; its launch config is plan.json, next to this script
+# submit from this folder:  sbatch job.sh
+#SBATCH --account=<ACCOUNT>
+#SBATCH --partition=booster
+#SBATCH --nodes=256
+#SBATCH --ntasks-per-node=4
+#SBATCH --gres=gpu:4
+#SBATCH --cpus-per-task=72
+#SBATCH --time=00:21:00
+#SBATCH --job-name=axoplan-01-x1-y2-z128-d4
+#SBATCH --output=%x-%j.out
+
+set -eo pipefail
+
+module load Stages/2026
+module load GCCcore/14.3.0
+module load PyTorch/2.9.1
+
+export CUDA_DEVICE_MAX_CONNECTIONS="1"
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export MASTER_ADDR
+export MASTER_PORT="29500"
+
+source "<PYTHON_ENV>/bin/activate"
+
+# the launch config, and the layout as variables for the payload (see docs/export.md)
+export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"
+if [ ! -f "$AXOPLAN_PLAN" ]; then
+    echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
+    exit 1
+fi
+export AXOPLAN_PLAN_ID=fda00732630c
+export AXOPLAN_G_INTER=1
+export AXOPLAN_G_DATA=4
+export AXOPLAN_G_INTRA_R=2
+export AXOPLAN_G_INTRA_C=1
+export AXOPLAN_G_INTRA_D=128
+export AXOPLAN_TP_ORDER=c,r,d
+export AXOPLAN_MICRO_BATCH=4
+export AXOPLAN_GRAD_ACCUM_STEPS=1
+export AXOPLAN_GLOBAL_BATCH=2048
+export AXOPLAN_SEQ_LEN=2048
+export AXOPLAN_RECOMPUTE=0
+export AXOPLAN_CACHE_WEIGHTS=1
+export AXOPLAN_ITERATIONS=100
+
+# shellcheck disable=SC2016  # the quoted lines run, and expand, inside every task
+srun -N 256 -n 1024 --cpus-per-task=72 \
+    bash -c '
+        export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"
+        exec "$@"' axoplan-task \
+    python -u -m axoplan run "$AXOPLAN_PLAN"

@@ -1,0 +1,66 @@
+#!/bin/bash
+# axoplan export, rank 1: llama3.1-70B on 1024 x NVIDIA A100-SXM4-40GB (polaris), 256 nodes
+# layout Gx=1 Gy=1 Gz=128 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=1 G_intra_d=128)
+# micro-batch 2, no recompute, cached weights, 1 micro-batch per step; global batch 2048 x 2048 tokens
+# predicted 19.800 s/iteration x 100 iterations + 10 min margin = wall time 00:43:00
+# plan 762604b30a12; its launch config is plan.json, next to this script
+# submit from this folder:  qsub job.sh
+#PBS -A <ACCOUNT>
+#PBS -q prod
+#PBS -l select=256
+#PBS -l place=scatter
+#PBS -l walltime=00:43:00
+#PBS -l filesystems=home:eagle
+#PBS -k doe
+#PBS -j oe
+#PBS -N axoplan-01-x1-y1-z128-d8
+
+set -eo pipefail
+cd "$PBS_O_WORKDIR"
+
+module use /soft/modulefiles
+module load conda
+
+export NCCL_NET_GDR_LEVEL="PHB"
+export NCCL_CROSS_NIC="1"
+export NCCL_COLLNET_ENABLE="1"
+export NCCL_NET="AWS Libfabric"
+export LD_LIBRARY_PATH="/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:$LD_LIBRARY_PATH"
+export FI_CXI_DISABLE_HOST_REGISTER="1"
+export FI_MR_CACHE_MONITOR="userfaultfd"
+export FI_CXI_DEFAULT_CQ_SIZE="131072"
+export CUDA_DEVICE_MAX_CONNECTIONS="1"
+MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"
+export MASTER_ADDR
+export MASTER_PORT="29500"
+
+conda activate
+source "<PYTHON_ENV>/bin/activate"
+
+# the launch config, and the layout as variables for the payload (see docs/export.md)
+export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"
+if [ ! -f "$AXOPLAN_PLAN" ]; then
+    echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
+    exit 1
+fi
+export AXOPLAN_PLAN_ID=762604b30a12
+export AXOPLAN_G_INTER=1
+export AXOPLAN_G_DATA=8
+export AXOPLAN_G_INTRA_R=1
+export AXOPLAN_G_INTRA_C=1
+export AXOPLAN_G_INTRA_D=128
+export AXOPLAN_TP_ORDER=c,r,d
+export AXOPLAN_MICRO_BATCH=2
+export AXOPLAN_GRAD_ACCUM_STEPS=1
+export AXOPLAN_GLOBAL_BATCH=2048
+export AXOPLAN_SEQ_LEN=2048
+export AXOPLAN_RECOMPUTE=0
+export AXOPLAN_CACHE_WEIGHTS=1
+export AXOPLAN_ITERATIONS=100
+
+# shellcheck disable=SC2016  # the quoted lines run, and expand, inside every task
+mpiexec -n 1024 --ppn 4 --cpu-bind depth -d 16 \
+    bash -c '
+        export RANK="$PMI_RANK" LOCAL_RANK="$PALS_LOCAL_RANKID" WORLD_SIZE="$PMI_SIZE"
+        exec "$@"' axoplan-task \
+    python -u -m axoplan run "$AXOPLAN_PLAN"

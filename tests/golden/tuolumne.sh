@@ -1,0 +1,66 @@
+#!/bin/bash
+# axoplan export, rank 1: 20B on 256 x AMD Instinct MI300A (tuolumne), 64 nodes
+# layout Gx=4 Gy=1 Gz=8 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
+# micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
+# predicted 7.250 s/iteration x 100 iterations + 10 min margin = wall time 23m
+# plan 5ffc4a500154; its launch config is plan.json, next to this script
+# submit from this folder:  flux batch job.sh
+# flux: -N 64
+# flux: -n 256
+# flux: -g 1
+# flux: -x
+# flux: -q pbatch
+# flux: -B guests
+# flux: -t 23m
+# flux: --job-name=axoplan-01-x4-y1-z8-d8
+# flux: --setattr=thp=always
+
+set -eo pipefail
+
+export HSA_XNACK="1"
+export NCCL_NET_GDR_LEVEL="PHB"
+export NCCL_CROSS_NIC="1"
+export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"
+export FI_MR_CACHE_MONITOR="userfaultfd"
+export FI_CXI_DISABLE_HOST_REGISTER="1"
+export FI_CXI_DEFAULT_CQ_SIZE="131072"
+export FI_CXI_RDZV_EAGER_SIZE="0"
+export FI_CXI_RDZV_THRESHOLD="0"
+export FI_CXI_RDZV_GET_MIN="0"
+export CUDA_DEVICE_MAX_CONNECTIONS="1"
+export MIOPEN_USER_DB_PATH="/tmp/miopen-cache-$FLUX_ENCLOSING_ID"
+export MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
+MASTER_ADDR="$(flux hostlist --nth=0 instance)"
+export MASTER_ADDR
+export MASTER_PORT="29500"
+
+source "envs/torch/bin/activate"
+
+# the launch config, and the layout as variables for the payload (see docs/export.md)
+export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"
+if [ ! -f "$AXOPLAN_PLAN" ]; then
+    echo "job.sh: no launch config at $AXOPLAN_PLAN; submit from the folder holding plan.json, or set AXOPLAN_PLAN" >&2
+    exit 1
+fi
+export AXOPLAN_PLAN_ID=5ffc4a500154
+export AXOPLAN_G_INTER=1
+export AXOPLAN_G_DATA=8
+export AXOPLAN_G_INTRA_R=1
+export AXOPLAN_G_INTRA_C=4
+export AXOPLAN_G_INTRA_D=8
+export AXOPLAN_TP_ORDER=c,r,d
+export AXOPLAN_MICRO_BATCH=2
+export AXOPLAN_GRAD_ACCUM_STEPS=16
+export AXOPLAN_GLOBAL_BATCH=2048
+export AXOPLAN_SEQ_LEN=2048
+export AXOPLAN_RECOMPUTE=0
+export AXOPLAN_CACHE_WEIGHTS=1
+export AXOPLAN_ITERATIONS=100
+
+# shellcheck disable=SC2016  # the quoted lines run, and expand, inside every task
+flux run -N 64 -n 256 -g 1 -o gpu-affinity=per-task \
+    bash -c '
+        export RANK="$FLUX_TASK_RANK" LOCAL_RANK="$FLUX_TASK_LOCAL_ID" WORLD_SIZE="$FLUX_JOB_SIZE"
+        mkdir -p "$MIOPEN_USER_DB_PATH"
+        exec "$@"' axoplan-task \
+    python -u -m axoplan run "$AXOPLAN_PLAN"
