@@ -49,7 +49,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
-from axoplan.space.layout import sequences_per_micro_step
+from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
 
 __all__ = ["CollectiveTerm", "Prediction", "predict"]
 
@@ -73,8 +73,8 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
     dilation = _core_sharing(machine, c)
     layers = linear_layers(model, machine, options, c, groups, tokens, profile, dilation)
-    shards = c.gx * c.gy if options.hf_path else 1  # hf: every GPU its own sequences
-    n_micro = options.global_batch / sequences_per_micro_step(c.gdata, c.gz, c.micro_batch, shards).astype(np.float64)
+    per_group = c.micro_batch * xy_batch_shards(c.gx, c.gy, options.hf_path)  # hf: every GPU its own sequences
+    n_micro = options.global_batch / sequences_per_micro_step(c.gdata, c.gz, per_group).astype(np.float64)
     terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile, machine)
     compute = compute_columns(layers, model, machine, c, n_micro, dilation, options)
     memory = memory_per_gpu(model, options, c, profile)

@@ -146,7 +146,8 @@ def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, ng: Nativ
     for phase, k in (("forward", calls), ("recompute", rec)):
         rows += [(phase, "all-gather (routing map)", "tp", tp * e * tokens, k),
                  (phase, "all-gather (tokens)", "tp", tokens_b, k),
-                 (phase, "all-gather (fc experts)", "fsdp", fc_b, k), (phase, "all-gather (proj experts)", "fsdp", proj_b, k),
+                 (phase, "all-gather (fc experts)", "fsdp", fc_b, k),
+                 (phase, "all-gather (proj experts)", "fsdp", proj_b, k),
                  (phase, "reduce-scatter (output)", "tp", tokens_b, k)]
     rows += [("backward", "all-gather (output grad)", "tp", tokens_b, calls),
              ("backward", "all-gather (proj experts)", "fsdp", proj_b, calls),

@@ -46,8 +46,8 @@ from axoplan.fileio import check_readable
 from axoplan.inputs.plausible import MODEL_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping
 
-__all__ = ["ModelSpec", "MoESpec", "LinearLayer", "BLOCK_LAYERS", "MOE_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS", "layer_axes", "PRESETS",
-           "load_model", "parse_param_count", "padded_vocab"]
+__all__ = ["ModelSpec", "MoESpec", "LinearLayer", "BLOCK_LAYERS", "MOE_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS",
+           "layer_axes", "PRESETS", "load_model", "load_hf_config", "parse_param_count", "padded_vocab"]
 
 Role = Literal["attention", "mlp", "head"]
 IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
@@ -227,10 +227,12 @@ class ModelSpec(Frozen):
         assert moe is not None
         e, i, share = moe.num_experts, moe.expert_ffn_hidden, moe.top_k / moe.num_experts
         shared = moe.shared_experts * i
-        shapes: dict[str, tuple[int, ...]] = {
-            "qkv": (h, qkv_out), "attn_out": (h, h), "expert_up": (h, 2 * i, 2, e, share),
-            "expert_down": (i, h, 1, e, share), "shared_up": (h, 2 * shared, 2), "shared_down": (shared, h)}
-        return tuple(lin.with_shape(*shapes[lin.name]) for lin in MOE_LAYERS if shared or "shared" not in lin.name)
+        qkv, out, up, down, s_up, s_down = MOE_LAYERS
+        layers = [qkv.with_shape(h, qkv_out), out.with_shape(h, h), up.with_shape(h, 2 * i, 2, e, share),
+                  down.with_shape(i, h, 1, e, share)]
+        if shared:
+            layers += [s_up.with_shape(h, 2 * shared, 2), s_down.with_shape(shared, h)]
+        return tuple(layers)
 
     @property
     def is_moe(self) -> bool:
@@ -398,8 +400,7 @@ def load_hf_config(path: Path) -> ModelSpec:
                            "of a decoder-only model, a model YAML, or a preset")
     fields = _hf_fields(data)
     fields["name"] = str(data.get("_name_or_path") or path.parent.name or path.stem)
-    check_plausible({k: v for k, v in fields.items() if k != "moe"} | {
-        f"moe.{k}": v for k, v in (fields.get("moe") or {}).items()}, MODEL_RANGES, str(path))
+    check_plausible(fields, MODEL_RANGES, str(path))
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as err:
@@ -410,7 +411,8 @@ def _hf_fields(data: dict[str, object]) -> dict[str, object]:
     """ModelSpec fields from a Hugging Face config's keys."""
     act = str(data.get("hidden_act", "silu"))
     fields: dict[str, object] = {
-        "num_layers": data["num_hidden_layers"], "hidden": data["hidden_size"], "num_heads": data["num_attention_heads"],
+        "num_layers": data["num_hidden_layers"], "hidden": data["hidden_size"],
+        "num_heads": data["num_attention_heads"],
         "num_kv_heads": data.get("num_key_value_heads"), "ffn_hidden": data.get("intermediate_size"),
         "ffn_kind": "swiglu" if act in ("silu", "swish") else "gelu", "vocab": data.get("vocab_size", 32000),
         "max_positions": 0, "tied_embeddings": bool(data.get("tie_word_embeddings", False)),

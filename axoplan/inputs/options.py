@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
+from pydantic import (
+    Field,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from axoplan.inputs.axes import tp_order_name
 from axoplan.inputs.plausible import RUN_RANGES, check_plausible

@@ -36,7 +36,7 @@ from axoplan.inputs.axes import label
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
-from axoplan.space.layout import sequences_per_micro_step
+from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
 
 __all__ = ["REASONS", "Feasibility", "check"]
 
@@ -95,13 +95,13 @@ def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "n
             zblock |= (lin.params_per_copy // (c.gx * c.gy)) % c.gz != 0
     too_long = bool(model.max_positions) and options.seq_len > model.max_positions
     heads = (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0)
-    shards = c.gx * c.gy if options.hf_path else 1
+    per_group = c.micro_batch * xy_batch_shards(c.gx, c.gy, options.hf_path)
     fails = {
         "positions": np.full(n, too_long),
         "dims-x": dims["x"],
         "dims-y": dims["y"],
         "heads": heads & (not options.hf_path),
-        "batch": options.global_batch % sequences_per_micro_step(c.gdata, c.gz, c.micro_batch, shards) != 0,
+        "batch": options.global_batch % sequences_per_micro_step(c.gdata, c.gz, per_group) != 0,
         "moe": _moe_fails(model, options, c),
         "zblock": zblock,
         "memory": memory.does_not_fit if memory is not None else np.zeros(n, dtype=bool),
@@ -147,7 +147,7 @@ def _heads(f: Feasibility, i: int) -> str:
 def _batch(f: Feasibility, i: int) -> str:
     c = f.candidates
     if f.options.hf_path:
-        per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i], c.gx[i] * c.gy[i]))
+        per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i] * c.gx[i] * c.gy[i]))
         return (f"global batch {f.options.global_batch} is not divisible by GPUs*micro-batch = {per} (on the hf path "
                 "every GPU holds its own sequences)")
     per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i]))

@@ -23,7 +23,7 @@ from axoplan.errors import AxoplanError
 from axoplan.inputs.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims, order_name, parse_tp_order
 
 __all__ = ["AXES", "DEFAULT_ORDER", "Layout", "divisors", "ordered_factorizations", "parse_layout",
-           "sequences_per_micro_step"]
+           "sequences_per_micro_step", "xy_batch_shards"]
 
 IntArray = npt.NDArray[np.int64]
 IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
@@ -117,14 +117,18 @@ class Layout:
         return text if self.order == DEFAULT_ORDER else f"{text}/{order_name(self.order)}"
 
 
-def sequences_per_micro_step(gdata: IntLike, gz: IntLike, micro_batch: IntLike, shards: IntLike = 1) -> IntLike:
+def sequences_per_micro_step(gdata: IntLike, gz: IntLike, micro_batch: IntLike) -> IntLike:
     """``Gdata·Gz·micro-batch``: the sequences one micro-step of a layout takes. Z shards the batch as
     data parallelism does (each Z rank holds its own sequences), so the global batch must be a
     multiple of this, and ``global batch / this`` is the gradient-accumulation count. Ints or arrays.
+    On AxoNN's Hugging Face path pass ``micro_batch · xy_batch_shards(...)``."""
+    return gdata * gz * micro_batch
 
-    `shards` multiplies it where the X·Y group's GPUs hold their own sequences too (``Gx·Gy`` on AxoNN's
-    Hugging Face path, whose Lightning strategy samples over the whole world)."""
-    return gdata * gz * micro_batch * shards
+
+def xy_batch_shards(gx: IntLike, gy: IntLike, hf_path: bool) -> IntLike:
+    """How many ways an X·Y group splits its sequences: ``Gx·Gy`` on AxoNN's Hugging Face path (every GPU
+    holds its own: the Lightning strategy samples over the whole world), 1 on Megatron-AxoNN's."""
+    return gx * gy if hf_path else gx * 0 + 1
 
 
 def parse_layout(text: str) -> Layout:
