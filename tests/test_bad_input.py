@@ -54,6 +54,14 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("grad-reduce-bad", (*RANK, "--grad-reduce-dtype", "fp8"), "fp8"),
     ("tp-order-bad", (*RANK, "--tp-order", "xxz"), "permutation of 'xyz'"),
     ("framework-bad", (*RANK, "--framework", "megatron"), "unknown framework 'megatron'"),
+    ("axonn-path-bad", (*RANK, "--axonn-path", "lightning"), "lightning"),
+    ("moe-option-on-dense", (*RANK, "--moe-impl", "native"), "apply to mixture-of-experts models"),
+    ("expert-tp-on-dense", (*RANK, "--expert-tp", "2"), "5B is dense"),
+    ("mixtral-patch-on-megatron", ("rank", "--model", "mixtral-8x7B", "--gpus", "64", "--moe-impl", "hf-mixtral"),
+     "add --axonn-path hf"),
+    ("config-json-not-a-model", ("rank", "--model", "tokenizer_config.json", "--gpus", "8"),
+     "not a Hugging Face model config"),
+    ("config-json-not-json", ("rank", "--model", "broken-config.json", "--gpus", "8"), "not valid JSON"),
     ("layout-order-bad", (*EXPLAIN, "--layout", "2x2x2x1/zz"), "not a permutation of 'xyz'"),
     ("holdout-by-bad", (*CAL, "-o", "out.yaml", "--holdout-by", "size"), "--holdout-by 'size'"),
     ("format-bad", (*RANK, "--format", "xml"), "xml"),
@@ -212,12 +220,29 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("machine-is-a-device", ("rank", "--model", "5B", "--gpus", "8", "--machine", "/dev/zero"), "not a regular file"),
     ("export-account-injection", (*EXPORT, "--account", "abc;touch INJECTED", "-o", "fresh"), "--account"),
     ("export-command-substitution", (*EXPORT, "--command", "python $(touch INJECTED)", "-o", "fresh"), "--command"),
+    # --- machines and schedulers (issue 25): Flux and PBS values, unified memory, a domain across nodes ---
+    ("export-queue-injection", (*EXPORT, "--queue", "prod;touch INJECTED", "-o", "fresh"), "--queue"),
+    ("export-flux-default-injection", ("export", "--model", "5B", "--gpus", "8", "--machine", "flux-hostile.yaml",
+                                       "-o", "fresh"), "gives queue"),
+    ("export-pbs-module-path", ("export", "--model", "5B", "--gpus", "8", "--machine", "pbs-module.yaml", "-o",
+                                "fresh"), "launcher.module_use"),
+    ("machine-apu-with-cpu-memory", ("rank", "--model", "5B", "--gpus", "8", "--machine", "apu-cpu.yaml"),
+     "shared memory has no separate CPU memory"),
+    ("machine-domain-not-whole-nodes", ("rank", "--model", "5B", "--gpus", "8", "--machine", "domain.yaml"),
+     "must be a multiple of devices_per_node"),
 ]
 
 
 def _machine_yaml(**device: object) -> str:
     data = yaml.safe_load((machines_dir() / "dgx-h100.yaml").read_text())
     data["device"].update(device)
+    return yaml.safe_dump(data)
+
+
+def _machine_with(**fields: object) -> str:
+    """dgx-h100 with top-level fields replaced (a launcher, a scale-up domain)."""
+    data = yaml.safe_load((machines_dir() / "dgx-h100.yaml").read_text())
+    data.update(fields)
     return yaml.safe_dump(data)
 
 
@@ -253,6 +278,18 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (ws / "peak.yaml").write_text(_machine_yaml(peak_bf16_tflops=1e9))
     (ws / "million.yaml").write_text(_machine_yaml().replace("devices_per_node: 8", "devices_per_node: 1000000"))
     (ws / "model-twice.yaml").write_text("num_layers: 4\nhidden: 1024\nhidden: 2048\nnum_heads: 16\n")
+    (ws / "flux-hostile.yaml").write_text(_machine_with(launcher={
+        "scheduler": "flux", "header": ["-q {queue}"], "defaults": {"queue": "pbatch; touch INJECTED"},
+        "launch": "flux run -n {tasks}"}))
+    (ws / "pbs-module.yaml").write_text(_machine_with(launcher={
+        "scheduler": "pbs", "header": ["-l select={nodes}"], "module_use": ["/soft/modules; touch INJECTED"],
+        "launch": "mpiexec -n {tasks}"}))
+    (ws / "apu-cpu.yaml").write_text(_machine_yaml(unified_memory={"kind": "shared", "host_share_gb": 8,
+                                                                   "cpu_memory_gb": 64}))
+    (ws / "domain.yaml").write_text(_machine_with(scale_up={"name": "nvlink", "devices": 12, "bandwidth_gbs": 900,
+                                                            "latency_us": 2.0}))
+    (ws / "tokenizer_config.json").write_text('{"model_max_length": 4096, "padding_side": "left"}')
+    (ws / "broken-config.json").write_text('{"hidden_size": 4096,')
     done = run_cli(*TINY_EXPORT, "--out-dir", str(ws / "plans"))
     assert done.returncode == 0, done.stderr
     [plan] = (ws / "plans").glob("*/plan.json")

@@ -8,9 +8,10 @@ from axoplan.errors import AxoplanError
 from axoplan.inputs.model import PRESETS, ModelSpec, load_model, parse_param_count
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", [n for n, m in PRESETS.items() if m.moe is None])
 def test_preset_param_count_matches_its_name(name: str):
-    """The AxoNN GPT family's names round 12·L·H² (+ embeddings) to within 5%."""
+    """The AxoNN GPT family's names round 12·L·H² (+ embeddings) to within 5% (a Mixtral's name is not its
+    count: tests/test_moe.py checks those against Mistral's figures)."""
     assert PRESETS[name].num_params() == pytest.approx(parse_param_count(name), rel=0.05)
 
 

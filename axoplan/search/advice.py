@@ -106,6 +106,10 @@ def explain_infeasible(r: Ranking) -> str:
         sizes = sorted({int(v) for v in (c.gdata * c.gz)[fits]})[:6]
         good = suggest_global_batches(r, fits)
         fix = f"try --global-batch {' or '.join(map(str, good))}" if good else "no global batch near it fits"
+        if r.options.hf_path:
+            return (f"global batch {r.options.global_batch} is not divisible by GPUs*micro-batch = "
+                    f"{r.world_size}*{min(r.options.micro_batches)} or more: on the hf path every GPU holds its own "
+                    f"sequences; {fix}")
         return (f"global batch {r.options.global_batch} is not divisible by Gdata*Gz*micro-batch for any layout "
                 f"of {where} that fits (Gdata*Gz can be {', '.join(map(str, sizes))}; micro-batches "
                 f"{', '.join(map(str, r.options.micro_batches))}); {fix}")

@@ -24,7 +24,7 @@ from axoplan.search.feasibility import REASONS, Feasibility, check
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import Layout
 
-__all__ = ["Ranking", "rank", "rank_candidates", "REASONS", "check_machine_size", "MAX_WORLD"]
+__all__ = ["Ranking", "rank", "rank_candidates", "REASONS", "check_machine_size", "check_moe_options", "MAX_WORLD"]
 
 MAX_WORLD = 1 << 24
 
@@ -112,7 +112,18 @@ def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: in
     if world_size > MAX_WORLD:
         raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({MAX_WORLD})")
     check_machine_size(machine, world_size)
+    check_moe_options(model, options)
     return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options))
+
+
+def check_moe_options(model: ModelSpec, options: RunOptions) -> None:
+    """Refuse MoE options a model or path cannot use, naming the flag."""
+    if model.moe is None and (options.moe_impl != "auto" or options.expert_tp != 1):
+        raise AxoplanError(f"--moe-impl and --expert-tp apply to mixture-of-experts models; {model.name} is dense "
+                           "(drop them, or give an MoE model such as mixtral-8x7B or a Mixtral config.json)")
+    if model.moe is not None and options.moe_module == "hf-mixtral" and not options.hf_path:
+        raise AxoplanError("--moe-impl hf-mixtral is AxoNN's Hugging Face Mixtral patch: add --axonn-path hf, or use "
+                           "--moe-impl native on the megatron path")
 
 
 def check_machine_size(machine: Machine, world_size: int) -> None:
