@@ -53,6 +53,20 @@ def custom_machine(tmp_path: Path, **launcher: object) -> str:
     return str(path)
 
 
+BATCH_LAUNCHERS = {
+    # issue 25: the same values through Flux's '# flux:' directives and `flux run`, and PBS's '#PBS' and mpiexec
+    "flux": {"scheduler": "flux",
+             "header": ["-B {account}", "-q {queue}", "--job-name={job_name}", "-N {nodes}", "-t {walltime}"],
+             "module_use": ["/sw/modulefiles"],
+             "launch": "flux run -N {nodes} -n {tasks} --setattr=user.image={container} --job-name={job_name}"},
+    "pbs": {"scheduler": "pbs",
+            "header": ["-A {account}", "-q {queue}", "-N {job_name}", "-l select={nodes}", "-l walltime={walltime}"],
+            "module_use": ["/sw/modulefiles"],
+            "launch": "mpiexec -n {tasks} --ppn {tasks_per_node} --env IMAGE={container}"},
+}
+"""A Flux and a PBS launcher block using every site value (the rest of `custom_machine`'s block stays)."""
+
+
 _SKIP_OPTIONS = 'while [ $# -gt 0 ] && [ "$1" != bash ] && [ "$1" != python ]; do shift; done'
 
 
@@ -65,6 +79,8 @@ def run_script(folder: Path, tmp_path: Path) -> dict[str, str]:
         "module": "exit 0",
         "srun": f'{_SKIP_OPTIONS}\nexport SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2\nexec "$@"',
         "torchrun": f'{_SKIP_OPTIONS}\nexec "$@"',
+        "flux": f'shift\n{_SKIP_OPTIONS}\nexec "$@"',  # flux run ...
+        "mpiexec": f'{_SKIP_OPTIONS}\nexec "$@"',
         "python": f'{{ printf "argv=%s\\n" "$*"; env | grep -E "^(MY_VENV|MY_IMAGE|ENV_DIR|TASK_SEEN|MARK_VENV)=" '
                   f'|| true; }} > "{record}"',
     }
@@ -75,7 +91,7 @@ def run_script(folder: Path, tmp_path: Path) -> dict[str, str]:
     assert syntax.returncode == 0, syntax.stderr
     done = subprocess.run(["bash", "job.sh"], cwd=folder, capture_output=True, text=True, timeout=60,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin", "USER": "tester", "MASTER_ADDR": "node1",
-                               "SLURM_JOB_ID": "7"})
+                               "SLURM_JOB_ID": "7", "PBS_O_WORKDIR": str(folder)})
     assert done.returncode == 0, done.stderr
     lines = record.read_text().splitlines()
     return dict(line.split("=", 1) for line in lines)
@@ -119,6 +135,17 @@ def test_a_hostile_option_is_refused_in_one_line_and_nothing_is_written(tmp_path
     assert_not_injected(tmp_path)
 
 
+@pytest.mark.parametrize("scheduler", sorted(BATCH_LAUNCHERS))
+@pytest.mark.parametrize(("flag", "value"), [("--account", "abc; rm -rf ~"), ("--queue", f"prod && {INJECT}"),
+                                             ("--queue", "-x"), ("--container", f"`{INJECT}`")])
+def test_a_hostile_option_is_refused_under_flux_and_pbs(tmp_path: Path, scheduler: str, flag: str,
+                                                       value: str) -> None:
+    r = export(tmp_path, flag, value, machine=custom_machine(tmp_path, **BATCH_LAUNCHERS[scheduler]))
+    assert_user_error(r, flag)
+    assert not (tmp_path / "out").exists()
+    assert_not_injected(tmp_path)
+
+
 def test_a_hostile_value_from_the_environment_is_refused_naming_the_variable(tmp_path: Path) -> None:
     r = export(tmp_path, machine=custom_machine(tmp_path), env={"AXOPLAN_ACCOUNT": f"abc; {INJECT}"})
     assert_user_error(r, "--account", "AXOPLAN_ACCOUNT")
@@ -143,6 +170,9 @@ def test_option_rules_in_process() -> None:
 
 @pytest.mark.parametrize(("launcher", "needle"), [
     ({"defaults": {"partition": f"batch; {INJECT}"}}, "gives partition"),
+    ({**BATCH_LAUNCHERS["pbs"], "defaults": {"queue": f"prod; {INJECT}"}}, "gives queue"),
+    ({**BATCH_LAUNCHERS["flux"], "defaults": {"queue": f"pbatch\n{INJECT}"}}, "gives queue"),
+    ({**BATCH_LAUNCHERS["flux"], "module_use": [f"/sw/modules; {INJECT}"]}, "launcher.module_use"),
     ({"defaults": {"python_env": f"/x\"; {INJECT}; \""}}, "gives python_env"),
     ({"modules": [f"mystack/1.0; {INJECT}"]}, "launcher.modules"),
 ])
@@ -163,17 +193,22 @@ def test_a_path_with_spaces_cannot_go_into_an_sbatch_line(tmp_path: Path) -> Non
 
 # ----------------------------------------------------------------------------- written as plain data
 
-def test_odd_but_allowed_values_reach_the_payload_as_data(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheduler", ["slurm", *sorted(BATCH_LAUNCHERS)])
+def test_odd_but_allowed_values_reach_the_payload_as_data(tmp_path: Path, scheduler: str) -> None:
     env_dir = tmp_path / f"my env (1) & {INJECT} | cat > out; #!*~{{x}}"
     (env_dir / "bin").mkdir(parents=True)
     (env_dir / "bin" / "activate").write_text("export MARK_VENV=1\n")
     command = f"python train.py --name 'a; {INJECT}' --tag \"$USER-run\" --literal '$(touch INJECTED)'"
     r = export(tmp_path, "--python-env", str(env_dir), "--container", f"img & {INJECT}", "--account", "abc.1",
-               "--partition", "batch", "--qos", "normal", "--command", command, machine=custom_machine(tmp_path))
+               "--partition", "batch", "--qos", "normal", "--queue", "prod.2", "--command", command,
+               machine=custom_machine(tmp_path, **BATCH_LAUNCHERS.get(scheduler, {})))
     assert r.returncode == 0, r.stderr
     folder = next((tmp_path / "out").iterdir())
     script = (folder / "job.sh").read_text()
-    assert "#SBATCH --account=abc.1" in script and "#SBATCH --partition=batch" in script
+    account, queue = {"slurm": ("#SBATCH --account=abc.1", "#SBATCH --partition=batch"),
+                      "flux": ("# flux: -B abc.1", "# flux: -q prod.2"),
+                      "pbs": ("#PBS -A abc.1", "#PBS -q prod.2")}[scheduler]
+    assert account in script and queue in script
     seen = run_script(folder, tmp_path)
     assert_not_injected(tmp_path)
     assert seen["argv"] == f"train.py --name a; {INJECT} --tag tester-run --literal $(touch INJECTED)"

@@ -41,7 +41,7 @@ export MASTER_PORT="2345"
 source "envs/torch/bin/activate"
 module load copper
 launch_copper.sh
-PYTHONPATH="/tmp/$USER/copper$(python -c "import site; print(site.getsitepackages()[0])"):${PYTHONPATH:-}"
+PYTHONPATH="/tmp/$USER/copper$(python -c "import site; print(site.getsitepackages()[0])")${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH
 
 # the launch config, and the layout as variables for the payload (see docs/export.md)
