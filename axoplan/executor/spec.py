@@ -141,6 +141,9 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
     if engine == "axonn" and plan.options.concurrent_z:
         raise AxoplanError("AxoNN 0.2.0 has no second Z communicator (--concurrent-z is on its Gordon Bell branch "
                            "only); run with the native engine, or export without --concurrent-z")
+    if plan.model.moe is not None:
+        problems.append("the executor runs dense models: its mixture-of-experts block is not written yet (docs/"
+                        "decisions.md, issue 24); plan and rank MoE models, run them with AxoNN itself")
     if engine == "axonn" and plan.options.tuned_gemm:
         problems.append("AxoNN's released linears have no GEMM tuner (it lives on its add-timers-gordon-bell "
                         "branch); run the native engine or plan without --tuned-gemm")
