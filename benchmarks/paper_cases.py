@@ -1,6 +1,8 @@
 """The AxoNN paper's cases ranked with and without the options its record runs used.
 
     python benchmarks/paper_cases.py            # prints the markdown table of docs/paper-cases.md
+    python benchmarks/paper_cases.py --issue24  # the tables issue 24 added: the two AxoNN paths, AxoNN's
+                                                # overlap as coded, and the 405B fine-tune (docs/paper-cases.md)
 
 For each case (model, GPUs, machine, global batch): the best layout and its predicted step
 time, TFLOP/s per GPU and 80 % interval, first as AxoNN 0.2.0 runs (X innermost, one Z
@@ -10,6 +12,7 @@ together. Every figure is a prediction of the shipped, uncalibrated machine YAML
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
@@ -46,7 +49,56 @@ def best(model: str, gpus: int, machine: str, batch: int, variant: dict[str, Any
             "low": row["t_low_s"], "high": row["t_high_s"]}
 
 
+def _row(name: str, model: str, gpus: int, machine: str, batch: int, options: dict[str, Any]) -> str:
+    opts = RunOptions(global_batch=batch, **options)
+    r = with_intervals(rank(load_model(model), load_machine(machine), opts, gpus))
+    if r.num_feasible == 0:
+        return f"| {model}, {gpus:,} GPUs, {machine}, batch {batch} | {name} | none feasible | | | | |"
+    i = int(r.order[0])
+    row, lay = r.row(i), r.candidates.layout(i)
+    return (f"| {model}, {gpus:,} GPUs, {machine}, batch {batch} | {name} | `{lay} mb{row['micro_batch']}` | "
+            f"{row['t_step_s']:.2f} | {row['t_low_s']:.2f}-{row['t_high_s']:.2f} | {row['tflops_per_gpu']:.1f} | "
+            f"{row['mem_need_bytes'] / 1e9:.1f} |")
+
+
+ISSUE24_VARIANTS: dict[str, dict[str, Any]] = {
+    "Megatron-AxoNN (default model)": {},
+    "+ blocking backward gathers": {"backward_gather": "blocking"},
+    "+ per-tensor gradient all-reduce": {"grad_sync": "per-tensor"},
+    "+ both (AxoNN's code as read)": {"backward_gather": "blocking", "grad_sync": "per-tensor"},
+    "Hugging Face / Lightning path": {"axonn_path": "hf"},
+}
+FINETUNE = ("llama3.1-405B", "frontier", ((4096, 4096), (8192, 8192), (16384, 16384)))
+
+
+def issue24() -> None:
+    """Issue 24's tables: each paper case on both paths and with AxoNN's overlap as coded; the hf path needs a
+    sequence per GPU, so it runs at the larger of the case's batch and the GPU count; then the 405B fine-tune."""
+    head = "| case | path and options | best layout | s/iter | 80 % interval | TFLOP/s/GPU | GB/GPU |"
+    print(head)
+    print("|---|---|---|---:|---:|---:|---:|")
+    for model, gpus, machine, batch, _ in CASES:
+        for name, variant in ISSUE24_VARIANTS.items():
+            b = max(batch, gpus) if variant.get("axonn_path") == "hf" else batch
+            print(_row(name, model, gpus, machine, b, variant))
+    print()
+    print(head)
+    print("|---|---|---|---:|---:|---:|---:|")
+    model, machine, points = FINETUNE
+    for gpus, batch in points:
+        for name, variant in (("Hugging Face / Lightning path", {"axonn_path": "hf"}),
+                              ("Megatron-AxoNN path", {})):
+            print(_row(name, model, gpus, machine, batch, variant))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--issue24", action="store_true", help="print issue 24's tables instead")
+    if parser.parse_args().issue24:
+        t0 = time.perf_counter()
+        issue24()
+        print(f"\n({time.perf_counter() - t0:.0f} s)")
+        return
     t0 = time.perf_counter()
     print("| case | options | best layout | s/iter | 80 % interval | TFLOP/s/GPU |")
     print("|---|---|---|---:|---:|---:|")

@@ -10,7 +10,8 @@ Measures, for 320B on Frontier:
 2. a plain per-layout Python loop over the same formulas (the same `predict` called on one
    candidate at a time) on a random sample, extrapolated to the whole space;
 3. the prediction intervals and P(best) added by `rank` (issue 10) alone, warm;
-4. the start-up-included wall time (intervals included) of `axoplan rank --model 320B --gpus 32768 --machine frontier`.
+4. the start-up-included wall time (intervals included) of `axoplan rank --model 320B --gpus 32768 --machine frontier`;
+5. the same for Mixtral 8x22B on 4,096 Frontier GCDs (issue 24: an MoE model, native module and hf path).
 """
 
 from __future__ import annotations
@@ -76,9 +77,13 @@ def intervals_ms(repeats: int) -> tuple[int, float]:
     return n, _best_of(lambda: with_intervals(r), repeats) * 1e3
 
 
-def cli_wall(repeats: int) -> float:
+README_ARGS = ("--model", "320B", "--gpus", "32768", "--machine", "frontier")
+MIXTRAL_ARGS = ("--model", "mixtral-8x22B", "--gpus", "4096", "--machine", "frontier", "--global-batch", "4096")
+
+
+def cli_wall(repeats: int, args: tuple[str, ...] = README_ARGS) -> float:
     exe = Path(sys.executable).parent / "axoplan"
-    cmd = [str(exe), "rank", "--model", "320B", "--gpus", "32768", "--machine", "frontier"]
+    cmd = [str(exe), "rank", *args]
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -109,6 +114,9 @@ def main() -> None:
     print(f"\nintervals + P(best) for 32768 GPUs: {ms:.1f} ms warm ({n} contenders sampled)")
     print(f"axoplan rank --model 320B --gpus 32768 --machine frontier: {cli_wall(5 if args.quick else 9):.2f} s "
           "wall (median, start-up included)")
+    for extra in ((), ("--axonn-path", "hf")):
+        wall = cli_wall(5 if args.quick else 9, (*MIXTRAL_ARGS, *extra))
+        print(f"axoplan rank {' '.join((*MIXTRAL_ARGS, *extra))}: {wall:.2f} s wall (median, start-up included)")
 
 
 if __name__ == "__main__":
