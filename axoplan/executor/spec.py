@@ -16,7 +16,7 @@ from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.inputs.schema import Frozen, describe_validation_error
 from axoplan.records.plan import LaunchConfig
-from axoplan.space.layout import sequences_per_micro_step
+from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
 
 __all__ = ["ExecSettings", "make_settings", "Scale", "scale_plan", "check_runnable", "check_world"]
 
@@ -87,7 +87,8 @@ def scale_plan(plan: LaunchConfig, scale: Scale) -> LaunchConfig:
     model = _scaled_model(plan.model, scale)
     accum = scale.grad_accum or plan.grad_accum_steps
     lay = plan.layout
-    batch = sequences_per_micro_step(lay.gdata, lay.gz, plan.micro_batch) * accum
+    per_group = plan.micro_batch * xy_batch_shards(lay.gx, lay.gy, plan.options.hf_path)
+    batch = sequences_per_micro_step(lay.gdata, lay.gz, per_group) * accum
     try:
         options = RunOptions.model_validate({**plan.options.model_dump(), "global_batch": batch,
                                              "seq_len": scale.seq_len or plan.options.seq_len})
@@ -141,10 +142,11 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
     if engine == "axonn" and plan.options.concurrent_z:
         raise AxoplanError("AxoNN 0.2.0 has no second Z communicator (--concurrent-z is on its Gordon Bell branch "
                            "only); run with the native engine, or export without --concurrent-z")
-    if plan.options.hf_path:
-        problems.append("the executor runs Megatron-AxoNN's expert-mode layout: the hf path's redistributions are "
-                        "not written yet (docs/decisions.md, issue 24); run an hf plan with AxoNN's Lightning "
-                        "strategy (export --command)")
+    if plan.options.hf_path and plan.model.tied_embeddings:
+        problems.append("the hf path's executor runs untied models (auto_parallelize gives the LM head its own "
+                        "weight); scale or choose an untied model (tied_embeddings: false)")
+    if plan.options.hf_path and engine == "axonn":
+        problems.append("the AxoNN engine runs expert-mode linears; the hf path runs on the native engine")
     if plan.model.moe is not None:
         problems.append("the executor runs dense models: its mixture-of-experts block is not written yet (docs/"
                         "decisions.md, issue 24); plan and rank MoE models, run them with AxoNN itself")

@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,11 +85,16 @@ def synthetic_tokens(plan: LaunchConfig, seed: int) -> torch.Tensor:
 
 
 def local_batches(plan: LaunchConfig, tokens: torch.Tensor, coords: dict[str, int],
-                  device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's (inputs, targets) per micro-batch: shard ``d·Gz + z`` of the batch (AxoNN's order)."""
+                  device: torch.device, rank: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's (inputs, targets) per micro-batch: shard ``d·Gz + z`` of the batch (AxoNN's order), or on
+    the hf path shard `rank` of the world's (Lightning's sampler over the whole world)."""
     lay = plan.layout
-    per_rank = plan.options.global_batch // (lay.gdata * lay.gz)
-    start = (coords["data"] * lay.gz + coords["z"]) * per_rank
+    if plan.options.hf_path:
+        per_rank = plan.options.global_batch // lay.world_size
+        start = rank * per_rank
+    else:
+        per_rank = plan.options.global_batch // (lay.gdata * lay.gz)
+        start = (coords["data"] * lay.gz + coords["z"]) * per_rank
     mine = tokens[start:start + per_rank]
     mb = plan.micro_batch
     return [(mine[i * mb:(i + 1) * mb, :-1].to(device), mine[i * mb:(i + 1) * mb, 1:].to(device))
@@ -106,15 +112,21 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     rt = _runtime(plan, groups, timer)
     vocab = plan_vocab(plan)
     params = {k: v.to(device, dtype) for k, v in _initial_params(plan, settings, groups, vocab).items()}
+    model: Any
     if settings.engine == "axonn":
         model = _axonn_model(plan, params, rt, vocab, device)
+    elif plan.options.hf_path:
+        from axoplan.executor.hfmodel import GPTHF
+
+        model = GPTHF(plan.model, vocab, params, rt, plan.recompute)
     else:
         model = GPT4D(plan.model, vocab, params, rt, plan.recompute)
-    batches = local_batches(plan, synthetic_tokens(plan, settings.seed), groups.coords, device)
+    batches = local_batches(plan, synthetic_tokens(plan, settings.seed), groups.coords, device, groups.rank)
     optimizer = _optimizer(model, settings)
     if settings.resume:
         _resume(plan, settings, groups.rank, model, optimizer)
-    scale = 1.0 / (plan.layout.gdata * plan.layout.gz * plan.grad_accum_steps)
+    holders = plan.world_size if plan.options.hf_path else plan.layout.gdata * plan.layout.gz
+    scale = 1.0 / (holders * plan.grad_accum_steps)
     losses, times, phases, grads = [], [], [], None
     for it in range(settings.warmup + settings.iterations):
         last = it == settings.warmup + settings.iterations - 1
@@ -149,7 +161,7 @@ def _folder(settings: ExecSettings) -> Path:
     return Path(settings.checkpoint_dir)
 
 
-def _resume(plan: LaunchConfig, settings: ExecSettings, rank: int, model: GPT4D, optimizer: Optimizer) -> None:
+def _resume(plan: LaunchConfig, settings: ExecSettings, rank: int, model: Any, optimizer: Optimizer) -> None:
     """Load this rank's state from the checkpoint (rank 0 says from which step)."""
     from axoplan.executor import checkpoint
 
@@ -202,17 +214,19 @@ def _runtime(plan: LaunchConfig, groups: Groups, timer: PhaseTimer) -> Runtime:
 
 def _initial_params(plan: LaunchConfig, settings: ExecSettings, groups: Groups, vocab: int) -> dict[str, torch.Tensor]:
     lay, coords = groups.layout, groups.coords
+    whole = {"embed.weight"} if plan.options.hf_path else set()  # the hf path keeps its token table whole
     if settings.init == "local":
-        return local_state(plan.model, vocab, lay, coords, settings.seed)
+        local = local_state(plan.model, vocab, lay, coords, settings.seed)
+        return local | {n: full_state(plan.model, vocab, settings.seed)[n] for n in whole if n in local}
     full = full_state(plan.model, vocab, settings.seed)
-    return {name: to_local(name, t, lay, coords) for name, t in full.items()}
+    return {name: t if name in whole else to_local(name, t, lay, coords) for name, t in full.items()}
 
 
-def _optimizer(model: GPT4D, settings: ExecSettings) -> Optimizer:
+def _optimizer(model: Any, settings: ExecSettings) -> Optimizer:
     return Optimizer(model.parameters(), settings.optimizer, settings.lr)
 
 
-def _step(model: GPT4D, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Tensor]],
+def _step(model: Any, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Tensor]],
           optimizer: Optimizer, scale: float,
           snapshot: bool) -> tuple[float, dict[str, np.ndarray] | None]:
     rt.gatherer.start_iteration()
@@ -226,22 +240,25 @@ def _step(model: GPT4D, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Ten
         rt.reducer.drain()
         rt.gatherer.end_micro_batch()
         total += loss.detach().float()
-    global_loss = sync_gradients(model, rt, total)
+    global_loss = sync_gradients(model, rt, total, ("x", "y") if isinstance(model, GPT4D) else ())
     grads = _snapshot(model) if snapshot else None
     with rt.timer.span("optimizer"):
         optimizer.step()
     return global_loss, grads
 
 
-def sync_gradients(model: GPT4D, rt: Runtime, loss_part: torch.Tensor) -> float:
-    """All-reduce shard gradients over data, whole ones (and the loss) over the world."""
+def sync_gradients(model: Any, rt: Runtime, loss_part: torch.Tensor,
+                   loss_axes: tuple[str, ...] = ("x", "y")) -> float:
+    """All-reduce shard gradients over data, whole ones (and the loss) over the world. The loss of a rank counts
+    where it owns its tokens along `loss_axes` (the X·Y members of Megatron's layout repeat theirs; on the hf
+    path every rank's tokens are its own)."""
     reduce_dtype = torch.float32 if rt.grad_reduce_dtype == "fp32" else torch.bfloat16
     shards = [_grad(p) for _, p in model.sharded()]
     _all_reduce_flat(shards, rt.comm, "data", reduce_dtype)
     whole = [_grad(p) for _, p, _ in model.replicated()]
     owner = [rt.groups.is_owner(axes) for _, _, axes in model.replicated()]
     flat = torch.cat([g.reshape(-1).float() * float(own) for g, own in zip(whole, owner, strict=True)]
-                     + [loss_part.reshape(1) * float(rt.groups.is_owner(("x", "y")))])
+                     + [loss_part.reshape(1) * float(rt.groups.is_owner(loss_axes))])
     rt.comm.all_reduce(flat, "world")
     _unflatten(flat[:-1], whole)
     return float(flat[-1])
@@ -268,9 +285,9 @@ def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         offset += t.numel()
 
 
-def _snapshot(model: GPT4D) -> dict[str, np.ndarray]:
+def _snapshot(model: Any) -> dict[str, np.ndarray]:
     named = [(n, p) for n, p in model.sharded()] + [(n, p) for n, p, _ in model.replicated()]
-    return {n: p.grad.detach().float().cpu().numpy().copy() for n, p in named}  # type: ignore[union-attr]  # after backward
+    return {n: p.grad.detach().float().cpu().numpy().copy() for n, p in named}  # after backward
 
 
 def _reduce_timings(comm: Comm, times: list[float], phases: list[dict[str, float]],
