@@ -164,12 +164,14 @@ def test_export_and_plot_take_an_moe_model(tmp_path: Path):
     assert drawn.returncode == 0 and (tmp_path / "b.png").stat().st_size > 0, drawn.stderr
 
 
-def test_the_executor_refuses_an_moe_plan_in_one_line(tmp_path: Path):
+def test_the_executor_refuses_the_mixtral_patch_in_one_line():
+    """The executor runs the native module (tests/test_executor_moe.py); the Mixtral patch's per-expert linears on
+    the hf path it refuses, naming what it runs."""
     from axoplan.executor.spec import check_runnable
     from axoplan.records.plan import LaunchConfig
 
     plan = LaunchConfig.build(machine="local-cpu", devices_per_node=8, model=TINY,
-                              options=RunOptions(global_batch=4, seq_len=16, micro_batches=(1,)),
+                              options=RunOptions(global_batch=4, seq_len=16, micro_batches=(1,), axonn_path="hf"),
                               layout=Layout(1, 1, 4, 1), micro_batch=1, recompute=False, cache_weights=False)
-    with pytest.raises(AxoplanError, match="mixture-of-experts block is not written yet"):
+    with pytest.raises(AxoplanError, match="runs AxoNN's native MoE module"):
         check_runnable(plan)

@@ -57,6 +57,7 @@ class Runtime:
     micro_batch_context: Callable[[], Any] = contextlib.nullcontext  # around a micro-batch (AxoNN engine)
     recompute_hook: Callable[[], Any] = contextlib.nullcontext  # around a recomputed block (AxoNN engine)
     tuner: GemmTuner | None = None  # RunOptions.tuned_gemm: forward and dX GEMMs by the tuner
+    moe_groups: Any = None  # the native MoE module's groups inside Z (axoplan.executor.moe), MoE models only
 
     @contextmanager
     def recomputing(self) -> Iterator[None]:

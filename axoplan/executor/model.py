@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from axoplan.executor.layers import cross_entropy_y, embedding_y, layer_norm_x
 from axoplan.executor.linear4d import Linear4D, Runtime
+from axoplan.executor.moe import NativeMoE
 from axoplan.executor.reference import activation, attention_core
 from axoplan.inputs.model import LinearLayer, ModelSpec
 
@@ -77,8 +78,14 @@ class _Block4D(nn.Module):
         self.qkv = linear(lin["qkv"])
         self.attn_out = linear(lin["attn_out"])
         self.ln2 = _NormX(h, params[f"{prefix}.ln2.weight"], params.get(f"{prefix}.ln2.bias"), rt)
-        self.mlp_up = linear(lin["mlp_up"])
-        self.mlp_down = linear(lin["mlp_down"])
+        if spec.moe is not None:  # AxoNN's native DroplessMoEMLP (axoplan.executor.moe); Gx = Gy = 1
+            m = spec.moe
+            self.moe = NativeMoE(m.num_experts, h, m.expert_ffn_hidden, m.top_k, params[f"{prefix}.moe.router.weight"],
+                                 params[f"{prefix}.moe.experts_fc.weight"],
+                                 params[f"{prefix}.moe.experts_proj.weight"], rt.moe_groups)
+        else:
+            self.mlp_up = linear(lin["mlp_up"])
+            self.mlp_down = linear(lin["mlp_down"])
 
     def forward(self, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         s, gy = self.spec, self.rt.groups.size("y")
@@ -86,6 +93,8 @@ class _Block4D(nn.Module):
         with self.rt.timer.span("attention"):
             attn = attention_core(qkv, batch, seq, s.kv_heads // gy, s.num_heads // s.kv_heads, s.head_dim)
         h = h + self.attn_out(attn)
+        if s.moe is not None:
+            return h + self.moe(self.ln2(h))
         return h + self.mlp_down(activation(self.mlp_up(self.ln2(h)), s.ffn_kind))
 
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from axoplan.executor.moe import EXPERT_WEIGHTS, expert_local, expert_shard_numel, moe_mlp
 from axoplan.inputs.model import BLOCK_LAYERS, HEAD_LAYER, ModelSpec, layer_axes
 from axoplan.space.layout import Layout
 
@@ -35,11 +36,14 @@ LN_EPS = 1e-5
 
 
 def weight_kind(name: str) -> str:
-    """'plain' or 'transposed' for a 4D-sharded weight, 'replicated' for everything else."""
+    """'plain' or 'transposed' for a 4D-sharded weight, 'experts' for a grouped expert weight of the native MoE
+    module, 'replicated' for everything else."""
     leaf = name.rsplit(".", 2)
     if leaf[-1] != "weight" or len(leaf) < 2:
         return "replicated"
     layer = leaf[-2]
+    if layer in EXPERT_WEIGHTS:
+        return "experts"
     sharded = {lin.name: lin.kind for lin in (*BLOCK_LAYERS, HEAD_LAYER)} | {"embed": HEAD_LAYER.kind}
     return sharded.get(layer, "replicated")
 
@@ -76,15 +80,44 @@ class _Block(nn.Module):
         self.qkv = nn.Linear(lin["qkv"].k_in, lin["qkv"].n_out, bias=bias)
         self.attn_out = nn.Linear(lin["attn_out"].k_in, lin["attn_out"].n_out, bias=bias)
         self.ln2 = nn.LayerNorm(h, eps=LN_EPS, bias=bias)
-        self.mlp_up = nn.Linear(lin["mlp_up"].k_in, lin["mlp_up"].n_out, bias=bias)
-        self.mlp_down = nn.Linear(lin["mlp_down"].k_in, lin["mlp_down"].n_out, bias=bias)
+        if spec.moe is not None:
+            self.moe = _WholeMoE(spec)
+        else:
+            self.mlp_up = nn.Linear(lin["mlp_up"].k_in, lin["mlp_up"].n_out, bias=bias)
+            self.mlp_down = nn.Linear(lin["mlp_down"].k_in, lin["mlp_down"].n_out, bias=bias)
         self.spec = spec
 
     def forward(self, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
         s = self.spec
         qkv = self.qkv(self.ln1(h))
         h = h + self.attn_out(attention_core(qkv, batch, seq, s.kv_heads, s.num_heads // s.kv_heads, s.head_dim))
+        if s.moe is not None:
+            return h + self.moe(self.ln2(h))
         return h + self.mlp_down(activation(self.mlp_up(self.ln2(h)), s.ffn_kind))
+
+
+class _Weight(nn.Module):
+    """One whole weight, named ``<module>.weight`` as the sharded model names its shard."""
+
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(*shape))
+
+
+class _WholeMoE(nn.Module):
+    """A mixture-of-experts MLP with every weight whole (``axoplan.executor.moe``)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        moe = spec.moe
+        assert moe is not None
+        e, i, h = moe.num_experts, moe.expert_ffn_hidden, spec.hidden
+        self.top_k = moe.top_k
+        self.router = nn.Linear(h, e, bias=False)
+        self.experts_fc, self.experts_proj = _Weight(e, 2 * i, h), _Weight(e, h, i)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return moe_mlp(x, self.router.weight, self.experts_fc.weight, self.experts_proj.weight, self.top_k)
 
 
 class ReferenceGPT(nn.Module):
@@ -133,11 +166,14 @@ def full_state(spec: ModelSpec, vocab: int, seed: int, std: float = 0.02) -> dic
     return out
 
 
-def to_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, int]) -> torch.Tensor:
+def to_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, int],
+             expert_tp: int = 1) -> torch.Tensor:
     """What rank `coords` holds of parameter `name` (also used to cut its gradient)."""
     kind = weight_kind(name)
     if kind == "replicated":
         return full
+    if kind == "experts":
+        return expert_local(name, full, layout, coords, expert_tp)
     row_axis, col_axis = _row_col_axes(kind)
     n, k = full.shape
     rows, cols = n // layout.size(row_axis), k // layout.size(col_axis)
@@ -149,13 +185,14 @@ def to_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, in
 
 
 def local_state(spec: ModelSpec, vocab: int, layout: Layout, coords: dict[str, int], seed: int,
-                std: float = 0.02) -> dict[str, torch.Tensor]:
+                std: float = 0.02, expert_tp: int = 1) -> dict[str, torch.Tensor]:
     """This rank's parameters drawn directly (no full model in memory; for large models).
 
     A 4D shard is drawn from a seed of its (x, y, z) block, so data-parallel replicas
     agree; norms start at (1, 0), biases at 0, positions from the common seed.
     """
-    return {name: _draw(name, shape, layout, coords, seed, std) for name, shape in param_shapes(spec, vocab).items()}
+    return {name: _draw(name, shape, layout, coords, seed, std, expert_tp)
+            for name, shape in param_shapes(spec, vocab).items()}
 
 
 def param_shapes(spec: ModelSpec, vocab: int) -> dict[str, tuple[int, ...]]:
@@ -173,6 +210,9 @@ def param_shapes(spec: ModelSpec, vocab: int) -> dict[str, tuple[int, ...]]:
             if lin.input == "norm":
                 ln = "ln1" if lin.role == "attention" else "ln2"
                 out.update({f"blocks.{i}.{ln}.{k}": (h,) for k in norm})
+            if lin.is_expert:
+                out.update(_expert_shapes(spec, i, lin.name))
+                continue
             out[f"blocks.{i}.{lin.name}.weight"] = (lin.n_out, lin.k_in)
             if spec.biases:
                 out[f"blocks.{i}.{lin.name}.bias"] = (lin.n_out,)
@@ -180,9 +220,24 @@ def param_shapes(spec: ModelSpec, vocab: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _expert_shapes(spec: ModelSpec, block: int, layer: str) -> dict[str, tuple[int, ...]]:
+    """The MoE MLP's router and grouped expert weights, as ``_WholeMoE`` names them."""
+    moe = spec.moe
+    assert moe is not None
+    e, i, h = moe.num_experts, moe.expert_ffn_hidden, spec.hidden
+    prefix = f"blocks.{block}.moe"
+    if layer == "expert_up":
+        return {f"{prefix}.router.weight": (e, h), f"{prefix}.experts_fc.weight": (e, 2 * i, h)}
+    return {f"{prefix}.experts_proj.weight": (e, h, i)}
+
+
 def _draw(name: str, shape: tuple[int, ...], layout: Layout, coords: dict[str, int], seed: int,
-          std: float) -> torch.Tensor:
+          std: float, expert_tp: int = 1) -> torch.Tensor:
     kind = weight_kind(name)
+    if kind == "experts":
+        numel = expert_shard_numel(shape[0] * shape[1] * shape[2] // expert_tp, layout.gz // expert_tp)
+        gen = torch.Generator().manual_seed(_seed(seed, name, coords["z"]))
+        return std * torch.randn(numel, generator=gen)
     if kind == "replicated":
         if name.endswith("weight") and name.rsplit(".", 2)[-2].startswith("ln"):
             return torch.ones(shape)

@@ -147,9 +147,12 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
                         "weight); scale or choose an untied model (tied_embeddings: false)")
     if plan.options.hf_path and engine == "axonn":
         problems.append("the AxoNN engine runs expert-mode linears; the hf path runs on the native engine")
-    if plan.model.moe is not None:
-        problems.append("the executor runs dense models: its mixture-of-experts block is not written yet (docs/"
-                        "decisions.md, issue 24); plan and rank MoE models, run them with AxoNN itself")
+    moe = plan.model.moe
+    if moe is not None and (plan.options.moe_module != "native" or plan.options.hf_path or moe.shared_experts
+                            or plan.model.biases):
+        problems.append("the executor runs AxoNN's native MoE module (--moe-impl native) on the megatron path, without "
+                        "shared experts or biases; the Mixtral patch's per-expert linears run with AxoNN itself "
+                        "(docs/decisions.md)")
     if engine == "axonn" and plan.options.tuned_gemm:
         problems.append("AxoNN's released linears have no GEMM tuner (it lives on its add-timers-gordon-bell "
                         "branch); run the native engine or plan without --tuned-gemm")

@@ -1,0 +1,192 @@
+"""A mixture-of-experts MLP, whole (the reference) and sharded as AxoNN's native ``DroplessMoEMLP`` shards it.
+
+The math (Mixtral's ``MixtralSparseMoeBlock``): router logits ``x·Wrᵀ`` (a replicated ``H×E`` weight), softmax,
+the ``top_k`` experts of each token with their probabilities renormalised to sum to one; each expert a SwiGLU
+MLP (``fc``: ``[2I, H]`` with gate and up rows interleaved, ``2i`` gate and ``2i+1`` up, as the dense model lays
+them; ``proj``: ``[H, I]``); the output the probability-weighted sum of the chosen experts' outputs.
+
+Sharded (``axonn/intra_layer/moe/``; ``docs/algorithm.md`` §4c): inside Z (``Gx = Gy = 1``) the ``Gz`` ranks form
+``Gz/tp`` tensor-parallel groups of ``tp = expert_tp`` consecutive Z coordinates and ``tp`` FSDP groups across
+them. Tensor-parallel member ``j`` holds rows ``j·2I/tp ...`` of every expert's ``fc`` (whole gate/up pairs) and
+columns ``j·I/tp ...`` of its ``proj``, flattened and split over its FSDP group. Per forward: the tokens, their
+chosen experts and weights all-gathered over the tp group (``TensorParallelGatherAndPermute``), the weights
+gathered over FSDP (``SimpleFSDPLinear``), each expert on its rows, the weighted partial outputs reduce-scattered
+over the tp group (``TensorParallelUnpermuteAndScatter``); backward the reverses, the weights' gradients
+reduce-scattered over FSDP. AxoNN's module leaves the probability weighting commented out (its router would get
+no gradient); the executor weights as Mixtral does, so that it equals the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from axoplan.executor.comm import _ALL_GATHER, _REDUCE_SCATTER
+from axoplan.space.layout import Layout
+
+__all__ = ["moe_mlp", "MoEGroups", "moe_groups", "NativeMoE", "expert_local", "expert_shard_numel", "EXPERT_WEIGHTS"]
+
+EXPERT_WEIGHTS = ("experts_fc", "experts_proj")
+
+
+def moe_mlp(x: torch.Tensor, router: torch.Tensor, fc: torch.Tensor, proj: torch.Tensor, top_k: int,
+            w: torch.Tensor | None = None, chosen: torch.Tensor | None = None) -> torch.Tensor:
+    """The experts' weighted sum for the rows of `x` (``[m, H]``); `fc` ``[E, 2I', H]``, `proj` ``[E, H, I']`` (a
+    slice of the width, or all of it). Routing from `router`, or given (`w`, `chosen`)."""
+    if w is None or chosen is None:
+        w, chosen = route(x, router, top_k)
+    out = torch.zeros(x.shape[0], proj.shape[1], dtype=x.dtype, device=x.device)
+    for e in range(fc.shape[0]):
+        rows, slot = torch.where(chosen == e)
+        if rows.numel() == 0:
+            continue
+        u = x[rows] @ fc[e].t()
+        h = F.silu(u[:, 0::2]) * u[:, 1::2]
+        out = out.index_add(0, rows, (h @ proj[e].t()) * w[rows, slot][:, None])
+    return out
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `top_k` experts and their renormalised probabilities (Mixtral's router)."""
+    probs = torch.softmax((x @ router.t()).float(), dim=-1)
+    top, chosen = torch.topk(probs, top_k, dim=-1)
+    return (top / top.sum(-1, keepdim=True)).to(x.dtype), chosen
+
+
+class MoEGroups:
+    """This rank's tensor-parallel and FSDP groups inside Z, and its index in each."""
+
+    def __init__(self, tp: Any, fsdp: Any, tp_size: int, fsdp_size: int, tp_index: int, fsdp_index: int) -> None:
+        self.tp, self.fsdp = tp, fsdp
+        self.tp_size, self.fsdp_size, self.tp_index, self.fsdp_index = tp_size, fsdp_size, tp_index, fsdp_index
+
+
+def moe_groups(layout: Layout, rank: int, expert_tp: int) -> MoEGroups:
+    """Every rank creates every group (as ``new_group`` requires): for each Z group (members by z), its
+    consecutive chunks of `expert_tp` and the strided FSDP sets across them."""
+    tp_size, fsdp_size = expert_tp, layout.gz // expert_tp
+    mine: dict[str, Any] = {}
+    for row in layout.groups("z"):
+        members = [int(r) for r in row]
+        for f in range(fsdp_size):
+            chunk = members[f * tp_size:(f + 1) * tp_size]
+            group = dist.new_group(chunk)
+            if rank in chunk:
+                mine["tp"] = group
+        for j in range(tp_size):
+            strided = members[j::tp_size]
+            group = dist.new_group(strided)
+            if rank in strided:
+                mine["fsdp"] = group
+    z = layout.coords(rank)["z"]
+    return MoEGroups(mine["tp"], mine["fsdp"], tp_size, fsdp_size, z % tp_size, z // tp_size)
+
+
+def _gather(t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
+    if p == 1:
+        return t
+    out = torch.empty(p * t.numel(), dtype=t.dtype, device=t.device)
+    _ALL_GATHER(out, t.detach().contiguous().reshape(-1), group=group)
+    return out.view(p * t.shape[0], *t.shape[1:])
+
+
+def _scatter(t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
+    if p == 1:
+        return t
+    out = torch.empty(t.numel() // p, dtype=t.dtype, device=t.device)
+    _REDUCE_SCATTER(out, t.detach().contiguous().reshape(-1), group=group)
+    return out.view(t.shape[0] // p, *t.shape[1:])
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather rows over a group; backward: reduce-scatter (each member's contributions to my rows)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
+        ctx.group, ctx.p = group, p
+        return _gather(t, group, p)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _scatter(grad, ctx.group, ctx.p), None, None
+
+
+class _ScatterRows(torch.autograd.Function):
+    """Reduce-scatter rows over a group; backward: all-gather."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
+        ctx.group, ctx.p = group, p
+        return _scatter(t, group, p)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _gather(grad, ctx.group, ctx.p), None, None
+
+
+def expert_shard_numel(numel: int, fsdp: int) -> int:
+    return -(-numel // fsdp)
+
+
+class NativeMoE(nn.Module):
+    """This rank's part of an MoE MLP, sharded as ``DroplessMoEMLP`` (module docstring)."""
+
+    sharded_4d = False
+
+    def __init__(self, e: int, hidden: int, width: int, top_k: int, router: torch.Tensor, fc: torch.Tensor,
+                 proj: torch.Tensor, groups: MoEGroups) -> None:
+        super().__init__()
+        self.top_k, self.g = top_k, groups
+        self.fc_shape = (e, 2 * width // groups.tp_size, hidden)
+        self.proj_shape = (e, hidden, width // groups.tp_size)
+        self.router = nn.Linear(hidden, e, bias=False)
+        self.router.weight = nn.Parameter(router)
+        self.experts_fc, self.experts_proj = _Shard(fc), _Shard(proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.g
+        w, chosen = route(x, self.router.weight, self.top_k)
+        x_all = _GatherRows.apply(x, g.tp, g.tp_size)
+        w_all = _GatherRows.apply(w, g.tp, g.tp_size)
+        chosen_all = _gather(chosen, g.tp, g.tp_size)
+        fc = _full(_GatherRows.apply(self.experts_fc.weight, g.fsdp, g.fsdp_size), self.fc_shape)
+        proj = _full(_GatherRows.apply(self.experts_proj.weight, g.fsdp, g.fsdp_size), self.proj_shape)
+        partial = moe_mlp(x_all, self.router.weight, fc, proj, self.top_k, w_all, chosen_all)
+        return _ScatterRows.apply(partial, g.tp, g.tp_size)
+
+
+class _Shard(nn.Module):
+    """A flat FSDP shard of the grouped expert weights (its gradient reduced over data like a 4D shard)."""
+
+    sharded_4d = True
+
+    def __init__(self, shard: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(shard)
+
+
+def _full(flat: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    n = shape[0] * shape[1] * shape[2]
+    return flat.reshape(-1)[:n].view(shape)
+
+
+def expert_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, int],
+                 expert_tp: int) -> torch.Tensor:
+    """What rank `coords` holds of a grouped expert weight: its tensor-parallel slice of the width (rows of
+    ``fc``, columns of ``proj``), flattened, zero-padded to the FSDP group and cut to its chunk."""
+    tp, fsdp = expert_tp, layout.gz // expert_tp
+    j, f = coords["z"] % tp, coords["z"] // tp
+    if name.endswith("experts_fc.weight"):
+        part = full.shape[1] // tp
+        piece = full[:, j * part:(j + 1) * part, :]
+    else:
+        part = full.shape[2] // tp
+        piece = full[:, :, j * part:(j + 1) * part]
+    flat = piece.reshape(-1)
+    chunk = expert_shard_numel(flat.numel(), fsdp)
+    flat = torch.nn.functional.pad(flat, (0, chunk * fsdp - flat.numel()))
+    return flat[f * chunk:(f + 1) * chunk].clone()
