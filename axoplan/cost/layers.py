@@ -131,6 +131,8 @@ def linear_layers(
         if spec.name == "expert_up":  # the router and its top-k run before the experts, on the GPU's own tokens
             fwd, bwd = fwd + router_fwd, bwd + 2.0 * router_fwd
         plan = expert_plan(spec, model, options, c, rows, tokens)
+        if plan.calls > 1:  # the block's own work is shared by the copies that each run as a linear
+            fwd, bwd = fwd / plan.calls, bwd / plan.calls
         n = vocab if head else np.float64(plan.spec.n_out)
         lay = _layer(plan.spec, n, (1 if head else model.num_layers) * plan.calls, machine, options, g, plan.rows,
                      fwd, bwd, shapes, dilation, plan.gemm_factor, plan.shard_elems)

@@ -32,22 +32,16 @@ def compute_columns(
     layers: list[Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats,
     dilation: Floats | None = None, options: RunOptions | None = None,
 ) -> dict[str, Floats]:
-    """GEMM, non-GEMM and optimizer seconds per step. A linear's attached non-GEMM work belongs to the block,
-    not to each of its calls (an expert linear runs once per expert, the block's work once)."""
+    """GEMM, non-GEMM and optimizer seconds per step (an expert linear's calls share its block's non-GEMM work:
+    ``axoplan.cost.layers``)."""
     rec = c.recompute.astype(np.float64)
     gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
-    other = sum(lay.count / _calls_per_block(lay, model) * (lay.extra_fwd * (1 + rec * lay.spec.recomputed)
-                                                           + lay.extra_bwd) for lay in layers)
+    other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
     params = sharded_params(model, c, options) + replicated_params(model)
     optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
     if dilation is not None:
         optimizer = optimizer * dilation
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
-
-
-def _calls_per_block(lay: Layer, model: ModelSpec) -> int:
-    """Calls of `lay` per block or head: its expert copies where each is its own linear."""
-    return max(lay.count // (1 if lay.spec.role == "head" else model.num_layers), 1)
 
 
 def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates) -> tuple[Floats, Floats]:
