@@ -44,7 +44,16 @@ def compute_columns(
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
 
 
-def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates) -> tuple[Floats, Floats]:
+def _extra_linears(model: ModelSpec, options: RunOptions | None) -> float:
+    """Linears a block runs beyond the profile's two MLP linears: the Mixtral patch's ``3·E`` expert linears
+    (``modify_mixtral.py``: w1, w3 and w2 of every expert), each launching its own GEMMs."""
+    if model.moe is None or options is None or options.moe_module != "hf-mixtral":
+        return 0.0
+    return 3.0 * model.moe.num_experts - 2.0
+
+
+def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates,
+                      options: RunOptions | None = None) -> tuple[Floats, Floats]:
     """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/inputs/framework.py``):
     every block's forward, again when recomputed with the checkpoint's bookkeeping, its backward,
     then the head's forward and backward."""
@@ -56,12 +65,13 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
     kernels = model.num_layers * (fwd_k * (1.0 + rec) + bwd_k)
     ops = ops + head.forward.host_ops + head.backward.host_ops
     kernels = kernels + sum(p.kernels + p.gemm_kernels for p in (head.forward, head.backward))
-    return ops, kernels
+    extra = model.num_layers * _extra_linears(model, options) * ((1.0 + rec) + 2.0)  # a GEMM forward, two backward
+    return ops + extra, kernels + extra  # [assumed] one host op per launched GEMM
 
 
 def _host_s(
     profile: FrameworkProfile, model: ModelSpec, machine: Machine, c: Candidates, terms: list[CollectiveTerm],
-    n_micro: Floats,
+    n_micro: Floats, options: RunOptions | None = None,
 ) -> tuple[Floats, Floats]:
     """Host seconds and device kernel-gap seconds per step.
 
@@ -71,7 +81,7 @@ def _host_s(
     HolisticTraceAnalysis docs); each collective call on a group of more than one rank is one
     more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
     each kernel costs the device ``device.kernel_gap_us`` besides its work."""
-    ops, kernels = _per_micro_counts(profile, model, c)
+    ops, kernels = _per_micro_counts(profile, model, c, options)
     calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms
                 if t.phase != "step" and not t.is_drain) / n_micro
     host = n_micro * ((ops + calls) * machine.host.op_us + (kernels + calls) * machine.host.launch_us) * 1e-6
@@ -103,7 +113,7 @@ def step_columns(
         cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
     cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
     cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
-    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro)
+    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro, options)
     if dilation is not None:  # the host shares the cores too
         host_s = host_s * dilation
     cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s
