@@ -19,11 +19,11 @@ import torch.distributed as dist
 from axoplan.executor.groups import Groups
 from axoplan.executor.timing import PhaseTimer
 
-__all__ = ["Comm", "Pending"]
+__all__ = ["Comm", "Pending", "ALL_GATHER", "REDUCE_SCATTER"]
 
 # torch 2.13 deprecates the *_tensor names in favour of *_single; older torch has only the former
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class Pending:
@@ -85,7 +85,7 @@ class Comm:
             return Pending(None, shard.detach(), self.timer)
         out = torch.empty(p * shard.numel(), dtype=shard.dtype, device=shard.device)
         with torch.no_grad(), self.timer.span(f"all_gather_{axis}", ("all_gather", axis, out.numel(), sync)):
-            work = _ALL_GATHER(out, shard.detach(), group=self.groups.group[axis], async_op=not sync)
+            work = ALL_GATHER(out, shard.detach(), group=self.groups.group[axis], async_op=not sync)
         return Pending(work, out, self.timer)
 
     def _scatter(self, full: torch.Tensor, axis: str, sync: bool) -> Pending:
@@ -94,6 +94,6 @@ class Comm:
             return Pending(None, full, self.timer)
         out = torch.empty(full.numel() // p, dtype=full.dtype, device=full.device)
         with torch.no_grad(), self.timer.span(f"reduce_scatter_{axis}", ("reduce_scatter", axis, full.numel(), sync)):
-            work = _REDUCE_SCATTER(out, full.detach().contiguous(), group=self.groups.scatter_group(axis),
+            work = REDUCE_SCATTER(out, full.detach().contiguous(), group=self.groups.scatter_group(axis),
                                    async_op=not sync)
         return Pending(work, out, self.timer)

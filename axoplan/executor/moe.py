@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from axoplan.executor.comm import _ALL_GATHER, _REDUCE_SCATTER
+from axoplan.executor.comm import ALL_GATHER, REDUCE_SCATTER
 from axoplan.space.layout import Layout
 
 __all__ = ["moe_mlp", "MoEGroups", "moe_groups", "NativeMoE", "expert_local", "expert_shard_numel", "EXPERT_WEIGHTS"]
@@ -90,7 +90,7 @@ def _gather(t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
     if p == 1:
         return t
     out = torch.empty(p * t.numel(), dtype=t.dtype, device=t.device)
-    _ALL_GATHER(out, t.detach().contiguous().reshape(-1), group=group)
+    ALL_GATHER(out, t.detach().contiguous().reshape(-1), group=group)
     return out.view(p * t.shape[0], *t.shape[1:])
 
 
@@ -98,7 +98,7 @@ def _scatter(t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
     if p == 1:
         return t
     out = torch.empty(t.numel() // p, dtype=t.dtype, device=t.device)
-    _REDUCE_SCATTER(out, t.detach().contiguous().reshape(-1), group=group)
+    REDUCE_SCATTER(out, t.detach().contiguous().reshape(-1), group=group)
     return out.view(t.shape[0] // p, *t.shape[1:])
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from axoplan.executor.comm import ALL_GATHER, REDUCE_SCATTER
 from axoplan.executor.fragment import (
     CollectivePoint,
     GemmTime,
@@ -34,8 +35,6 @@ from axoplan.space.layout import Layout
 
 __all__ = ["probe_rank", "probe_task", "probe_in_process"]
 
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def probe_task(config_json: str) -> str | None:
@@ -187,8 +186,8 @@ def _collective_s(op: str, nbytes: int, size: int, group: dist.ProcessGroup, dev
     part = torch.ones(elements // size, device=device, dtype=dtype)
     calls = {
         "all_reduce": lambda: dist.all_reduce(full, group=group),
-        "all_gather": lambda: _ALL_GATHER(full, part, group=group),
-        "reduce_scatter": lambda: _REDUCE_SCATTER(part, full, group=group),
+        "all_gather": lambda: ALL_GATHER(full, part, group=group),
+        "reduce_scatter": lambda: REDUCE_SCATTER(part, full, group=group),
     }
     dist.barrier(group=group)
     times = torch.tensor(_timed(calls[op], device, repeats, warmup=1), dtype=torch.float64, device=device)
