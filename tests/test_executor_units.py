@@ -103,6 +103,19 @@ def test_local_draws_agree_across_data_replicas_only() -> None:
     assert torch.equal(a["pos.weight"], c["pos.weight"]) and torch.equal(a["ln_f.weight"], torch.ones(32))
 
 
+def test_a_whole_parameter_is_drawn_whole_and_alike_on_every_rank() -> None:
+    """The hf path keeps its token table whole (``train._initial_params``): drawn locally, it is the full
+    ``[V, H]`` table, the same on ranks of different X, Z and data coordinates, and not a 4D shard."""
+    spec, layout = SPECS[1], Layout(2, 1, 2, 2)  # untied, as the hf path's executor runs
+    whole = frozenset({"embed.weight"})
+    a = local_state(spec, 64, layout, {"x": 0, "y": 0, "z": 0, "data": 0}, seed=3, whole=whole)
+    b = local_state(spec, 64, layout, {"x": 1, "y": 0, "z": 1, "data": 1}, seed=3, whole=whole)
+    sharded = local_state(spec, 64, layout, {"x": 1, "y": 0, "z": 1, "data": 1}, seed=3)
+    assert a["embed.weight"].shape == param_shapes(spec, 64)["embed.weight"]
+    assert torch.equal(a["embed.weight"], b["embed.weight"])
+    assert sharded["embed.weight"].numel() < a["embed.weight"].numel()
+
+
 def test_zero_head_gives_uniform_loss() -> None:
     """All-zero LM head: every logit is 0, so the loss is log(vocabulary) exactly."""
     spec = SPECS[0]

@@ -300,11 +300,11 @@ def exit_on_signals(message: Callable[[str], str], signals: tuple[int, ...] = ST
     """
     if threading.current_thread() is not threading.main_thread():
         return
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
     signals = tuple(sig for sig in signals if signal.getsignal(sig) is not signal.SIG_IGN)
     if not signals:
         return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
     for sig in signals:
         signal.signal(sig, _ignore)  # a Python-level handler, so the C handler notes the signal
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)

@@ -18,6 +18,7 @@ no gradient); the executor weights as Mixtral does, so that it equals the refere
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axoplan.executor.comm import ALL_GATHER, REDUCE_SCATTER
+from axoplan.executor.timing import PhaseTimer
 from axoplan.space.layout import Layout
 
 __all__ = ["moe_mlp", "MoEGroups", "moe_groups", "NativeMoE", "expert_local", "expert_shard_numel", "EXPERT_WEIGHTS"]
@@ -58,74 +60,85 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tens
 
 
 class MoEGroups:
-    """This rank's tensor-parallel and FSDP groups inside Z, and its index in each."""
+    """This rank's tensor-parallel and FSDP groups inside Z, its index in each, and the timer their collectives
+    report to (as Z's: ``all_gather_z``, ``reduce_scatter_z``)."""
 
-    def __init__(self, tp: Any, fsdp: Any, tp_size: int, fsdp_size: int, tp_index: int, fsdp_index: int) -> None:
+    def __init__(self, tp: Any, fsdp: Any, tp_size: int, fsdp_size: int, tp_index: int, fsdp_index: int,
+                 timer: PhaseTimer) -> None:
         self.tp, self.fsdp = tp, fsdp
         self.tp_size, self.fsdp_size, self.tp_index, self.fsdp_index = tp_size, fsdp_size, tp_index, fsdp_index
+        self.timer = timer
+
+    def _group(self, which: str) -> tuple[Any, int]:
+        return (self.tp, self.tp_size) if which == "tp" else (self.fsdp, self.fsdp_size)
+
+    def gather(self, t: torch.Tensor, which: str) -> torch.Tensor:
+        """All-gather `t`'s rows over the `which` ("tp" or "fsdp") group, in member order."""
+        group, p = self._group(which)
+        if p == 1:
+            return t
+        out = torch.empty(p * t.numel(), dtype=t.dtype, device=t.device)
+        with self.timer.span("all_gather_z", ("moe_all_gather", which, t.numel())):
+            ALL_GATHER(out, t.detach().contiguous().reshape(-1), group=group)
+        return out.view(p * t.shape[0], *t.shape[1:])
+
+    def scatter(self, t: torch.Tensor, which: str) -> torch.Tensor:
+        """Reduce-scatter `t`'s rows over the `which` group: this member's block of the sum."""
+        group, p = self._group(which)
+        if p == 1:
+            return t
+        out = torch.empty(t.numel() // p, dtype=t.dtype, device=t.device)
+        with self.timer.span("reduce_scatter_z", ("moe_reduce_scatter", which, t.numel())):
+            REDUCE_SCATTER(out, t.detach().contiguous().reshape(-1), group=group)
+        return out.view(t.shape[0] // p, *t.shape[1:])
 
 
-def moe_groups(layout: Layout, rank: int, expert_tp: int) -> MoEGroups:
-    """Every rank creates every group (as ``new_group`` requires): for each Z group (members by z), its
-    consecutive chunks of `expert_tp` and the strided FSDP sets across them."""
+def moe_groups(layout: Layout, rank: int, expert_tp: int, timeout_s: float, timer: PhaseTimer) -> MoEGroups:
+    """Every rank creates every group (as ``new_group`` requires), with the run's timeout: for each Z group
+    (members by z), its consecutive chunks of `expert_tp` and the strided FSDP sets across them."""
     tp_size, fsdp_size = expert_tp, layout.gz // expert_tp
+    timeout = timedelta(seconds=timeout_s)
     mine: dict[str, Any] = {}
     for row in layout.groups("z"):
         members = [int(r) for r in row]
         for f in range(fsdp_size):
             chunk = members[f * tp_size:(f + 1) * tp_size]
-            group = dist.new_group(chunk)
+            group = dist.new_group(chunk, timeout=timeout)
             if rank in chunk:
                 mine["tp"] = group
         for j in range(tp_size):
             strided = members[j::tp_size]
-            group = dist.new_group(strided)
+            group = dist.new_group(strided, timeout=timeout)
             if rank in strided:
                 mine["fsdp"] = group
     z = layout.coords(rank)["z"]
-    return MoEGroups(mine["tp"], mine["fsdp"], tp_size, fsdp_size, z % tp_size, z // tp_size)
-
-
-def _gather(t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
-    if p == 1:
-        return t
-    out = torch.empty(p * t.numel(), dtype=t.dtype, device=t.device)
-    ALL_GATHER(out, t.detach().contiguous().reshape(-1), group=group)
-    return out.view(p * t.shape[0], *t.shape[1:])
-
-
-def _scatter(t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
-    if p == 1:
-        return t
-    out = torch.empty(t.numel() // p, dtype=t.dtype, device=t.device)
-    REDUCE_SCATTER(out, t.detach().contiguous().reshape(-1), group=group)
-    return out.view(t.shape[0] // p, *t.shape[1:])
+    return MoEGroups(mine["tp"], mine["fsdp"], tp_size, fsdp_size, z % tp_size, z // tp_size, timer)
 
 
 class _GatherRows(torch.autograd.Function):
     """All-gather rows over a group; backward: reduce-scatter (each member's contributions to my rows)."""
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
-        ctx.group, ctx.p = group, p
-        return _gather(t, group, p)
+    def forward(ctx: Any, t: torch.Tensor, groups: MoEGroups, which: str) -> torch.Tensor:
+        ctx.groups, ctx.which = groups, which
+        return groups.gather(t, which)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _scatter(grad, ctx.group, ctx.p), None, None
+        return ctx.groups.scatter(grad, ctx.which), None, None
 
 
 class _ScatterRows(torch.autograd.Function):
     """Reduce-scatter rows over a group; backward: all-gather."""
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, group: Any, p: int) -> torch.Tensor:
-        ctx.group, ctx.p = group, p
-        return _scatter(t, group, p)
+    def forward(ctx: Any, t: torch.Tensor, groups: MoEGroups, which: str) -> torch.Tensor:
+        ctx.groups, ctx.which = groups, which
+        return groups.scatter(t, which)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _gather(grad, ctx.group, ctx.p), None, None
+        return ctx.groups.gather(grad, ctx.which), None, None
 
 
 def expert_shard_numel(numel: int, fsdp: int) -> int:
@@ -134,8 +147,6 @@ def expert_shard_numel(numel: int, fsdp: int) -> int:
 
 class NativeMoE(nn.Module):
     """This rank's part of an MoE MLP, sharded as ``DroplessMoEMLP`` (module docstring)."""
-
-    sharded_4d = False
 
     def __init__(self, e: int, hidden: int, width: int, top_k: int, router: torch.Tensor, fc: torch.Tensor,
                  proj: torch.Tensor, groups: MoEGroups) -> None:
@@ -150,13 +161,13 @@ class NativeMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self.g
         w, chosen = route(x, self.router.weight, self.top_k)
-        x_all = _GatherRows.apply(x, g.tp, g.tp_size)
-        w_all = _GatherRows.apply(w, g.tp, g.tp_size)
-        chosen_all = _gather(chosen, g.tp, g.tp_size)
-        fc = _full(_GatherRows.apply(self.experts_fc.weight, g.fsdp, g.fsdp_size), self.fc_shape)
-        proj = _full(_GatherRows.apply(self.experts_proj.weight, g.fsdp, g.fsdp_size), self.proj_shape)
+        x_all = _GatherRows.apply(x, g, "tp")
+        w_all = _GatherRows.apply(w, g, "tp")
+        chosen_all = g.gather(chosen, "tp")
+        fc = _full(_GatherRows.apply(self.experts_fc.weight, g, "fsdp"), self.fc_shape)
+        proj = _full(_GatherRows.apply(self.experts_proj.weight, g, "fsdp"), self.proj_shape)
         partial = moe_mlp(x_all, self.router.weight, fc, proj, self.top_k, w_all, chosen_all)
-        return _ScatterRows.apply(partial, g.tp, g.tp_size)
+        return _ScatterRows.apply(partial, g, "tp")
 
 
 class _Shard(nn.Module):

@@ -185,13 +185,14 @@ def to_local(name: str, full: torch.Tensor, layout: Layout, coords: dict[str, in
 
 
 def local_state(spec: ModelSpec, vocab: int, layout: Layout, coords: dict[str, int], seed: int,
-                std: float = 0.02, expert_tp: int = 1) -> dict[str, torch.Tensor]:
+                std: float = 0.02, expert_tp: int = 1, whole: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """This rank's parameters drawn directly (no full model in memory; for large models).
 
     A 4D shard is drawn from a seed of its (x, y, z) block, so data-parallel replicas
-    agree; norms start at (1, 0), biases at 0, positions from the common seed.
+    agree; norms start at (1, 0), biases at 0, positions from the common seed. The parameters
+    named in `whole` (the hf path's token table) are drawn whole, from the common seed, on every rank.
     """
-    return {name: _draw(name, shape, layout, coords, seed, std, expert_tp)
+    return {name: _draw(name, shape, layout, coords, seed, std, expert_tp, name in whole)
             for name, shape in param_shapes(spec, vocab).items()}
 
 
@@ -232,8 +233,8 @@ def _expert_shapes(spec: ModelSpec, block: int, layer: str) -> dict[str, tuple[i
 
 
 def _draw(name: str, shape: tuple[int, ...], layout: Layout, coords: dict[str, int], seed: int,
-          std: float, expert_tp: int = 1) -> torch.Tensor:
-    kind = weight_kind(name)
+          std: float, expert_tp: int = 1, whole: bool = False) -> torch.Tensor:
+    kind = "replicated" if whole else weight_kind(name)
     if kind == "experts":
         numel = expert_shard_numel(shape[0] * shape[1] * shape[2] // expert_tp, layout.gz // expert_tp)
         gen = torch.Generator().manual_seed(_seed(seed, name, coords["z"]))

@@ -22,6 +22,7 @@ PHASES = (
     "gemm", "attention", "optimizer",
     "all_gather_z", "reduce_scatter_z", "all_reduce_x", "all_reduce_y", "all_reduce_data", "all_reduce_world",
     "stats_all_reduce_x", "stats_all_reduce_y", "wait",
+    "all_to_all_x", "all_to_all_y", "all_gather_x", "all_gather_y",  # the hf path's transitions (hfmodel.py)
 )
 
 

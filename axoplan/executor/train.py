@@ -113,7 +113,7 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     if plan.model.moe is not None:
         from axoplan.executor.moe import moe_groups
 
-        rt.moe_groups = moe_groups(groups.layout, groups.rank, plan.options.expert_tp)
+        rt.moe_groups = moe_groups(groups.layout, groups.rank, plan.options.expert_tp, settings.timeout_s, timer)
     vocab = plan_vocab(plan)
     params = {k: v.to(device, dtype) for k, v in _initial_params(plan, settings, groups, vocab).items()}
     model: Any
@@ -218,11 +218,10 @@ def _runtime(plan: LaunchConfig, groups: Groups, timer: PhaseTimer) -> Runtime:
 
 def _initial_params(plan: LaunchConfig, settings: ExecSettings, groups: Groups, vocab: int) -> dict[str, torch.Tensor]:
     lay, coords = groups.layout, groups.coords
-    whole = {"embed.weight"} if plan.options.hf_path else set()  # the hf path keeps its token table whole
+    whole = frozenset({"embed.weight"} if plan.options.hf_path else ())  # the hf path keeps its token table whole
     tp = plan.options.expert_tp
     if settings.init == "local":
-        local = local_state(plan.model, vocab, lay, coords, settings.seed, expert_tp=tp)
-        return local | {n: full_state(plan.model, vocab, settings.seed)[n] for n in whole if n in local}
+        return local_state(plan.model, vocab, lay, coords, settings.seed, expert_tp=tp, whole=whole)
     full = full_state(plan.model, vocab, settings.seed)
     return {name: t if name in whole else to_local(name, t, lay, coords, tp) for name, t in full.items()}
 
