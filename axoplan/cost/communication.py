@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
+from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.hfpath import embedding_terms, redistribution_terms
-from axoplan.cost.layers import BYTES, Groups, Layer
+from axoplan.cost.layers import Groups, Layer
 from axoplan.cost.memory import replicated_params
 from axoplan.cost.moe import native_groups, native_terms
 from axoplan.cost.terms import CollectiveTerm
@@ -33,7 +34,7 @@ Floats = npt.NDArray[np.float64]
 
 def collective_terms(
     layers: list[Layer], g: Groups, options: RunOptions, c: Candidates, model: ModelSpec, n_micro: Floats,
-    tokens: Floats, profile: FrameworkProfile, machine: Machine | None = None,
+    tokens: Floats, profile: FrameworkProfile, machine: Machine,
 ) -> list[CollectiveTerm]:
     terms: list[CollectiveTerm] = []
     last_in_block = [lay for lay in layers if lay.spec.role != "head"][-1]
@@ -48,7 +49,7 @@ def collective_terms(
         terms += redistribution_terms(layers, g, c, n_micro) + embedding_terms(model, options, g, c, n_micro, tokens)
     else:
         terms += _statistics_terms(model, g, c, tokens, n_micro)
-    if any(lay.native_moe for lay in layers) and machine is not None:
+    if any(lay.native_moe for lay in layers):
         terms += native_terms(model, options, c, native_groups(machine, c, g.stride["z"], options), n_micro, tokens)
     terms.append(_world_term(model, options, g, n_micro))
     return terms
@@ -70,7 +71,7 @@ def _unit(name: str, parts: list[Layer], g: Groups, options: RunOptions, profile
           stays_gathered: bool = False) -> ZUnit:
     z = (g.size["z"], g.bw["z"], g.ring["z"])
     gathered = cast(Floats, sum(lay.bytes_block for lay in parts))
-    grads = gathered / BYTES * _rs_bytes(profile, options)
+    grads = gathered / BYTES_BF16 * _rs_bytes(profile, options)
     return ZUnit(name=name, count=parts[0].count, recomputed=parts[0].spec.recomputed,
                  ag_s=coll.all_gather_s(gathered, *z), rs_s=coll.reduce_scatter_s(grads, *z), ag_bytes=gathered,
                  rs_bytes=grads, compute_fwd_s=cast(Floats, sum(lay.compute_fwd for lay in parts)),
@@ -81,7 +82,7 @@ def _unit(name: str, parts: list[Layer], g: Groups, options: RunOptions, profile
 def _rs_bytes(profile: FrameworkProfile, options: RunOptions) -> float:
     """Bytes per gradient element in the Z reduce-scatter: the run's gradient-reduction dtype where the
     framework reduces in it (FSDP's reduce_dtype), else bf16 (AxoNN's REDUCE_SCATTER_DTYPE)."""
-    return float(options.grad_reduce_bytes) if profile.z_reduce_scatter_in_grad_dtype else BYTES
+    return float(options.grad_reduce_bytes) if profile.z_reduce_scatter_in_grad_dtype else BYTES_BF16
 
 
 def _linear_terms(

@@ -38,7 +38,9 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
-from axoplan.cost.layers import BYTES, Groups, Layer
+from axoplan.cost.compute import BYTES_BF16
+from axoplan.cost.layers import Groups, Layer
+from axoplan.cost.memory import hf_embedding_sharded
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
@@ -67,7 +69,7 @@ def redistribution_terms(layers: list[Layer], g: Groups, c: Candidates, n_micro:
 def _sizes(lay: Layer, g: Groups) -> tuple[Floats, Floats, Floats, Floats]:
     p_in, p_out = g.size[lay.in_axis], g.size[lay.out_axis]
     k = float(lay.spec.k_in)
-    return p_in, p_out, lay.own_rows * k * BYTES, p_in * lay.own_rows * lay.n_full * BYTES
+    return p_in, p_out, lay.own_rows * k * BYTES_BF16, p_in * lay.own_rows * lay.n_full * BYTES_BF16
 
 
 def _forward(lay: Layer, g: Groups, calls: Floats, phase: str) -> list[CollectiveTerm]:
@@ -100,15 +102,15 @@ def embedding_terms(model: ModelSpec, options: RunOptions, g: Groups, c: Candida
                     tokens: Floats) -> list[CollectiveTerm]:
     """The token table's collectives on the hf path (module docstring), exposed."""
     h = float(model.hidden)
-    sharded = ((c.gx == 1) & (model.hidden % c.gy == 0)).astype(np.float64)
-    table = model.vocab * h / g.size["y"] * BYTES
+    sharded = hf_embedding_sharded(model, c).astype(np.float64)
+    table = model.vocab * h / g.size["y"] * BYTES_BF16
     z = (g.size["z"], g.bw["z"], g.ring["z"])
     gather = coll.all_gather_s(table, *z)
-    out_y = coll.all_gather_s(tokens * h * BYTES, g.size["y"], g.bw["y"], g.ring["y"])
+    out_y = coll.all_gather_s(tokens * h * BYTES_BF16, g.size["y"], g.bw["y"], g.ring["y"])
     whole = np.full_like(tokens, model.vocab * h * options.grad_reduce_bytes)
     world = coll.all_reduce_s(whole, g.size["world"], g.bw["world"], g.lat["world"])
     rows = (("forward", "all-gather", "z", table, n_micro * sharded, gather),
-            ("forward", "all-gather", "y", tokens * h * BYTES, n_micro * sharded, out_y),
+            ("forward", "all-gather", "y", tokens * h * BYTES_BF16, n_micro * sharded, out_y),
             ("backward", "reduce-scatter", "z", table, n_micro * sharded, gather),
             ("step", "all-reduce", "world", whole, 1.0 - sharded, world))
     return [CollectiveTerm("embedding", phase, op, axis, g.size[axis].astype(np.int64), g.stride[axis], nbytes,

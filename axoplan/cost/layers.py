@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
 from axoplan.cost.attention import fused_attention_s, unfused_attention_s
-from axoplan.cost.compute import gemm_s, memory_bound_s
+from axoplan.cost.compute import BYTES_BF16, gemm_s, memory_bound_s
 from axoplan.cost.memory import mlp_width, vocab_rows
 from axoplan.cost.moe import expert_plan
 from axoplan.cost.orientation import Phase, phase_gemm_s
@@ -34,11 +34,10 @@ from axoplan.inputs.model import LinearLayer, ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
-__all__ = ["BYTES", "Groups", "Layer", "axis_groups", "linear_layers"]
+__all__ = ["Groups", "Layer", "axis_groups", "linear_layers"]
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
-BYTES = 2.0  # bf16 weights and activations
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +73,6 @@ class Layer:
     bytes_out: Floats
     bytes_in: Floats
     bytes_shard: Floats
-    rows: Floats  # tokens one call's GEMMs see on one GPU (after the hf path's gathers)
     own_rows: Floats  # tokens one call takes from this GPU (before the hf path's gathers)
     n_full: Floats  # output features of the whole layer (the padded vocabulary for the LM head)
     native_moe: bool = False  # a DroplessMoEMLP projection (its Z traffic is axoplan.cost.moe's)
@@ -199,7 +197,8 @@ def _layer(
         t_fwd, t_dx, t_dw, extra_fwd, extra_bwd = (t * dilation for t in (t_fwd, t_dx, t_dw, extra_fwd, extra_bwd))
     block = spec.k_in * n * spec.experts / (g.size["x"] * g.size["y"])
     shard = np.ceil(block / g.size["z"]) if shard_elems is None else shard_elems
-    bytes_block, bytes_out, bytes_in = block * BYTES, tokens * n_loc * BYTES, tokens * k_loc * BYTES
+    bytes_block = block * BYTES_BF16
+    bytes_out, bytes_in = tokens * n_loc * BYTES_BF16, tokens * k_loc * BYTES_BF16
     bytes_shard = shard * options.grad_reduce_bytes
     return Layer(
         spec=spec, count=count, in_axis=in_axis, out_axis=out_axis,
@@ -208,7 +207,7 @@ def _layer(
         ar_bwd=coll.all_reduce_s(bytes_in, g.size[out_axis], g.bw[out_axis], g.lat[out_axis]),
         ar_data=coll.all_reduce_s(bytes_shard, g.size["data"], g.bw["data"], g.lat["data"]),
         bytes_block=bytes_block, bytes_out=bytes_out, bytes_in=bytes_in, bytes_shard=bytes_shard,
-        rows=tokens, own_rows=tokens, n_full=n + 0.0 * tokens,
+        own_rows=tokens, n_full=n + 0.0 * tokens,
     )
 
 
@@ -228,7 +227,7 @@ def _nongemm_fwd_s(
     if options.hf_path:  # the GPU's own tokens at full width (docs/algorithm.md §4b)
         gx, gy = np.ones_like(gx), np.ones_like(gy)
     act = 3.0 if model.ffn_kind == "swiglu" else 2.0
-    ew_bytes = tokens * (10.0 * model.hidden / gx + act * mlp_width(model) / gy) * BYTES
+    ew_bytes = tokens * (10.0 * model.hidden / gx + act * mlp_width(model) / gy) * BYTES_BF16
     logits_bytes = tokens * vocab_rows(model, c) / gy * profile.loss_traffic_bytes / 3.0  # forward's third
     return {
         "elementwise": memory_bound_s(machine, ew_bytes),

@@ -45,6 +45,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.cost.compute import BYTES_BF16
 from axoplan.inputs.framework import FrameworkProfile, StateBytes
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec, padded_vocab
@@ -53,10 +54,9 @@ from axoplan.space.candidates import Candidates
 
 __all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict", "VERDICTS", "vocab_rows",
            "sharded_params", "replicated_params", "MEMORY_MODEL_SIGMA", "activation_bytes_per_token", "mlp_width",
-           "hf_embedding_params"]
+           "hf_embedding_params", "hf_embedding_sharded"]
 
 Floats = npt.NDArray[np.float64]
-BF16 = 2.0
 
 MEMORY_MODEL_SIGMA = 0.10
 """Relative one-sigma error of the live-memory model (the same 10 % as the time model's default,
@@ -110,14 +110,19 @@ def sharded_params(model: ModelSpec, c: Candidates, options: RunOptions | None =
     return model.num_layers * blocks + embed + positions
 
 
+def hf_embedding_sharded(model: ModelSpec, c: Candidates) -> npt.NDArray[np.bool_]:
+    """Where the hf path's token table is AxoNN's sharded ``Embedding``: ``auto_parallelize`` uses it where
+    ``Gx = 1`` and ``H`` divides by Gy (``axonn/intra_layer/embedding.py``; ``axonn.md`` §8.2)."""
+    return (c.gx == 1) & (model.hidden % c.gy == 0)
+
+
 def hf_embedding_params(model: ModelSpec, c: Candidates) -> Floats:
     """The token table one GPU holds on the hf path: AxoNN's Embedding, ``V·H/Gy`` split over Z, where
     ``auto_parallelize`` uses it (``Gx = 1``, ``H`` divisible by Gy); else the whole ``V·H`` table
     (``axonn/intra_layer/embedding.py``; ``axonn.md`` §8.2)."""
     gy, gz = c.gy.astype(np.float64), c.gz.astype(np.float64)
     table = float(model.vocab * model.hidden)
-    sharded = (c.gx == 1) & (model.hidden % c.gy == 0)
-    return np.where(sharded, np.ceil(table / gy / gz), table)
+    return np.where(hf_embedding_sharded(model, c), np.ceil(table / gy / gz), table)
 
 
 def replicated_params(model: ModelSpec) -> float:
@@ -160,15 +165,15 @@ def _gathered_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profil
     linears = np.array([lin.num_params for lin in block], dtype=np.float64)
     per_unit = np.array([lin.params_per_copy for lin in block if not (native and lin.is_expert)], dtype=np.float64)
     unit = (linears.sum() if profile.z_gather_unit == "block" else per_unit.max()) / gxy
-    grad_bytes = BF16 + (options.grad_reduce_bytes if profile.z_reduce_scatter_in_grad_dtype
-                         and options.grad_reduce_bytes != BF16 else 0.0)
-    cached = model.num_layers * linears.sum() / gxy * BF16
-    gathered = np.where(c.cache_weights, cached, rules.gathered_units * unit * BF16) + unit * grad_bytes
+    grad_bytes = BYTES_BF16 + (options.grad_reduce_bytes if profile.z_reduce_scatter_in_grad_dtype
+                         and options.grad_reduce_bytes != BYTES_BF16 else 0.0)
+    cached = model.num_layers * linears.sum() / gxy * BYTES_BF16
+    gathered = np.where(c.cache_weights, cached, rules.gathered_units * unit * BYTES_BF16) + unit * grad_bytes
     if rules.embedding_gathered:
-        gathered = gathered + model.embedding_params() / gxy * (BF16 + grad_bytes)
+        gathered = gathered + model.embedding_params() / gxy * (BYTES_BF16 + grad_bytes)
     if native and model.moe is not None:  # the grouped experts gathered over the FSDP group, with their gradient
         experts = model.moe.num_experts * 2 * model.moe.expert_ffn_hidden * model.hidden / options.expert_tp
-        gathered = gathered + np.where(c.gz > options.expert_tp, experts * 2.0 * BF16, 0.0)
+        gathered = gathered + np.where(c.gz > options.expert_tp, experts * 2.0 * BYTES_BF16, 0.0)
     return np.where(c.gz > 1, gathered, 0.0)
 
 
@@ -177,9 +182,9 @@ def activation_bytes_per_token(model: ModelSpec, options: RunOptions, profile: F
     """Bytes one block keeps per token for its backward (the module docstring's terms)."""
     h, f, dropout = float(model.hidden), float(mlp_width(model)), float(profile.memory.dropout)
     x_part = (8.0 + 2.0 * dropout) * h
-    qkv = BF16 * (h + 2.0 * model.kv_heads * model.head_dim)
+    qkv = BYTES_BF16 * (h + 2.0 * model.kv_heads * model.head_dim)
     mlp = (6.0 if model.ffn_kind == "swiglu" else 4.0) * f
-    y_part = qkv + BF16 * h + mlp
+    y_part = qkv + BYTES_BF16 * h + mlp
     if options.attention == "unfused":
         y_part = y_part + (2.0 + 3.0 * dropout) * model.num_heads * options.seq_len
     return x_part / gx + y_part / gy
@@ -191,7 +196,7 @@ def _activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, prof
     if options.hf_path:
         return _hf_activation_bytes(model, options, c, profile, tokens)
     per_layer = tokens * activation_bytes_per_token(model, options, profile, gx, gy)
-    checkpoint = tokens * model.hidden / gx * BF16
+    checkpoint = tokens * model.hidden / gx * BYTES_BF16
     full = model.num_layers * per_layer
     recomputed = model.num_layers * checkpoint + per_layer
     return np.where(c.recompute, recomputed, full)
@@ -204,8 +209,8 @@ def _hf_activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, p
     ones = np.ones_like(tokens)
     sizes = {"x": c.gx.astype(np.float64), "y": c.gy.astype(np.float64)}
     kept = sum(lin.k_in * sizes[lin.out_axis] * lin.token_share * lin.experts for lin in model.block_linears())
-    per_layer = tokens * (activation_bytes_per_token(model, options, profile, ones, ones) + kept * BF16)
-    checkpoint = tokens * model.hidden * BF16
+    per_layer = tokens * (activation_bytes_per_token(model, options, profile, ones, ones) + kept * BYTES_BF16)
+    checkpoint = tokens * model.hidden * BYTES_BF16
     return np.where(c.recompute, model.num_layers * checkpoint + per_layer, model.num_layers * per_layer)
 
 
@@ -234,8 +239,9 @@ def memory_verdict(live_bytes: Floats, machine: Machine, profile: FrameworkProfi
     """Fits, tight or does not fit: the need's central `level` interval against the HBM."""
     hbm = machine.device.hbm_gb * 1e9
     reserve = machine.reserved_gb(profile.memory.communicators) * 1e9
+    usable = machine.hbm_usable_bytes(profile.memory.communicators)
     z = NormalDist().inv_cdf(0.5 + level / 2.0) * MEMORY_MODEL_SIGMA
     need = live_bytes + reserve
     low, high = need * np.exp(-z), need * np.exp(z)
     verdict = np.where(high <= hbm, 0, np.where(low <= hbm, 1, 2)).astype(np.uint8)
-    return MemoryVerdict(need, low, high, hbm, hbm - reserve, verdict)
+    return MemoryVerdict(need, low, high, hbm, usable, verdict)

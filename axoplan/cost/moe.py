@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
+from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.placement import place_groups
 from axoplan.cost.scale import expected_max_normal
 from axoplan.cost.terms import CollectiveTerm
@@ -39,7 +40,6 @@ __all__ = ["ExpertPlan", "expert_plan", "imbalance_factor", "native_terms", "Nat
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
-BYTES = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +140,9 @@ def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, ng: Nativ
     e, i, h = float(moe.num_experts), float(moe.expert_ffn_hidden), float(model.hidden)
     calls = n_micro * model.num_layers
     rec = calls * c.recompute.astype(np.float64)
-    tokens_b = tp * tokens * h * BYTES
-    fc_b, proj_b = np.full_like(tokens, e * 2 * i * h / tp * BYTES), np.full_like(tokens, e * i * h / tp * BYTES)
+    tokens_b = tp * tokens * h * BYTES_BF16
+    fc_b = np.full_like(tokens, e * 2 * i * h / tp * BYTES_BF16)
+    proj_b = np.full_like(tokens, e * i * h / tp * BYTES_BF16)
     rows = []
     for phase, k in (("forward", calls), ("recompute", rec)):
         rows += [(phase, "all-gather (routing map)", "tp", tp * e * tokens, k),

@@ -379,11 +379,6 @@ class Machine(Frozen):
         return (self.device.hbm_gb - self.reserved_gb(communicators)) * 1e9
 
     @property
-    def devices_per_domain(self) -> int:
-        """Devices joined as fast as inside a node: a scale-up domain's, else one node's."""
-        return self.devices_per_node if self.scale_up is None else self.scale_up.devices
-
-    @property
     def total_devices(self) -> int | None:
         """Devices in the whole machine, or None when its size is not given."""
         return None if self.nodes is None else self.nodes * self.devices_per_node

@@ -234,10 +234,6 @@ class ModelSpec(Frozen):
             layers += [s_up.with_shape(h, 2 * shared, 2), s_down.with_shape(shared, h)]
         return tuple(layers)
 
-    @property
-    def is_moe(self) -> bool:
-        return self.moe is not None
-
     def router_params(self) -> int:
         """The router ``H × E`` of one block (0 for a dense model): replicated, as AxoNN leaves it."""
         return self.hidden * self.moe.num_experts if self.moe is not None else 0
