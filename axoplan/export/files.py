@@ -63,7 +63,7 @@ def export_lock(out_dir: Path) -> Iterator[None]:
     lock = out_dir / LOCK_NAME
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 & ~umask())
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the kernel applies the umask
         except OSError as exc:
             raise AxoplanError(f"cannot write the export lock {lock}: {exc.strerror}") from None
         try:

@@ -19,7 +19,7 @@ from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, placeholder_text
 from axoplan.inputs.schedulers import format_hms
 from axoplan.inputs.schema import Frozen
 
-__all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_walltime", "parse_walltime",
+__all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_hms", "parse_walltime", "has_control",
            "site_values", "ENV_PREFIX", "SCHEDULER_NAME", "SCHEDULER_NAMES", "unsafe_text", "command_problem"]
 
 ENV_PREFIX = "AXOPLAN_"
@@ -31,9 +31,14 @@ SCHEDULER_NAMES = ("account", "partition", "qos", "queue")
 """The site values that are scheduler names (:data:`SCHEDULER_NAME`)."""
 
 
+def has_control(text: str) -> bool:
+    """Whether `text` holds a line break or another control character (ASCII 0-31, 127)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def unsafe_text(value: str) -> str | None:
     """What makes `value` unfit for a job script whatever the quoting (None: nothing)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if has_control(value):
         return "a line break or other control character"
     if _UNSAFE & set(value):
         return "quotes, '$', backquotes or backslashes"
@@ -124,7 +129,7 @@ def command_problem(command: str) -> str | None:
     (``; & | < > ( )``) or ``#`` outside quotes, a command substitution (``$(...)``, backquotes)
     or ``$`` followed by anything but a variable name.
     """
-    if any(ord(c) < 32 or ord(c) == 127 for c in command):
+    if has_control(command):
         return "it holds a line break or other control character"
     quote = ""
     i = 0
@@ -204,7 +209,6 @@ def parse_walltime(text: str) -> int:
     return seconds
 
 
-format_walltime = format_hms
 """``HH:MM:SS`` (hours may exceed 24): how wall times are shown and how Slurm and PBS take them."""
 
 

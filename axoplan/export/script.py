@@ -31,14 +31,15 @@ from axoplan.export.job import (
     SCHEDULER_NAMES,
     JobSettings,
     command_problem,
-    format_walltime,
+    format_hms,
+    has_control,
     node_counts,
     site_values,
     unsafe_text,
     walltime_s,
 )
 from axoplan.inputs.axes import AXIS_DEFS, axonn_order
-from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, fill, placeholder_text, placeholders_in
+from axoplan.inputs.launcher import PLACEHOLDER, SITE_VALUES, LauncherSpec, fill, placeholder_text, placeholders_in
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.queues import QueueChoice, choose_queue
 from axoplan.inputs.schedulers import Scheduler, scheduler
@@ -52,7 +53,6 @@ SCRIPT_NAME = "job.sh"
 PLAN_NAME = "plan.json"
 EXECUTOR_PAYLOAD = 'python -u -m axoplan run "$AXOPLAN_PLAN"'
 _INDENT = "    "
-_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # as axoplan.inputs.launcher's
 _DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.:+/@-]+")  # what a value in a scheduler directive may be
 _MODULE = re.compile(r"[A-Za-z0-9_.:+/@%,=-]+")  # a module name, or a module path to add
 
@@ -122,14 +122,14 @@ def time_warning(plan: LaunchConfig, machine: Machine, settings: JobSettings) ->
         return None
     choice = queue_choice(plan, machine, settings)
     if choice is not None and asked > choice.queue.max_walltime_minutes * 60:
-        return (f"--time {format_walltime(asked)} exceeds queue {choice.queue.name}'s limit of "
-                f"{format_walltime(choice.queue.max_walltime_minutes * 60)} {choice.queue.source}; the scheduler "
+        return (f"--time {format_hms(asked)} exceeds queue {choice.queue.name}'s limit of "
+                f"{format_hms(choice.queue.max_walltime_minutes * 60)} {choice.queue.source}; the scheduler "
                 f"will refuse or cap the job")
     nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
     needed = choice.walltime_s if choice is not None else walltime_s(
         plan.prediction.t_step_s, settings.iterations, job_margin(machine, nodes, settings))
     if asked < needed:
-        return (f"--time {format_walltime(asked)} is under the predicted {format_walltime(needed)} a job needs "
+        return (f"--time {format_hms(asked)} is under the predicted {format_hms(needed)} a job needs "
                 f"({_job_iterations(plan, machine, settings)} iterations + margin); it may be stopped before it ends")
     return None
 
@@ -295,7 +295,7 @@ def _directive(conventions: Scheduler, line: str, values: dict[str, str], where:
             raise AxoplanError(f"{_option(name)} {value!r} cannot go into the {prefix} line {line!r} of {where}: "
                                f"only letters, digits and _ . : + / @ - can be written there")
     text = fill(line, values)
-    if unsafe_control(text):
+    if has_control(text):
         raise AxoplanError(f"{where} line {line!r} holds a line break or other control character")
     return conventions.directive_line(text)
 
@@ -327,15 +327,11 @@ def _option(name: str) -> str:
     return f"--{name.replace('_', '-')}" if name in SITE_VALUES else name
 
 
-def unsafe_control(text: str) -> bool:
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
 def one_line(text: str) -> str:
     """`text` with control characters (a line break in a model's name) shown escaped, so a comment stays one line."""
-    if not unsafe_control(text):
+    if not has_control(text):
         return text
-    return "".join(c.encode("unicode_escape").decode() if ord(c) < 32 or ord(c) == 127 else c for c in text)
+    return "".join(c.encode("unicode_escape").decode() if has_control(c) else c for c in text)
 
 
 def fill_shell(text: str, values: dict[str, str], where: str, *, quote: str = "", nested: bool = False) -> str:
@@ -351,7 +347,7 @@ def fill_shell(text: str, values: dict[str, str], where: str, *, quote: str = ""
     out: list[str] = []
     i = 0
     while i < len(text):
-        m = _PLACEHOLDER.match(text, i)
+        m = PLACEHOLDER.match(text, i)
         if m is not None and m.group(1) in values:
             out.append(_quoted(values[m.group(1)], m.group(1), stack[-1], nested, text, where))
             i = m.end()
@@ -398,8 +394,8 @@ def _quoted(value: str, name: str, context: str, nested: bool, line: str, where:
     else:
         wrap = False
     bad = {"'": "'", '"': '"$`\\'}[context]
-    if unsafe_control(value) or any(c in bad for c in value):
-        what = "a control character" if unsafe_control(value) else "a quote, $, backquote or backslash"
+    if has_control(value) or any(c in bad for c in value):
+        what = "a control character" if has_control(value) else "a quote, $, backquote or backslash"
         raise AxoplanError(f"{_option(name)} {value!r} cannot go into the line {line!r} of {where}: it holds {what}")
     return f'"{value}"' if wrap else value
 

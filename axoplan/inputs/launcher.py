@@ -25,7 +25,7 @@ from axoplan.inputs.schedulers import SchedulerName, scheduler
 from axoplan.inputs.schema import Frozen
 from axoplan.inputs.staging import StagingSpec
 
-__all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "fill", "placeholders_in",
+__all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "PLACEHOLDER", "fill", "placeholders_in",
            "placeholder_text"]
 
 SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container", "queue")
@@ -36,13 +36,13 @@ JOB_VALUES: Final = ("nodes", "tasks", "tasks_per_node", "gpus_per_node", "wallt
 
 PLACEHOLDERS: Final = SITE_VALUES + JOB_VALUES
 
-_PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def placeholders_in(text: str) -> list[str]:
     """Names of the ``{name}`` placeholders in `text`, in order."""
-    return _PLACEHOLDER.findall(text)
+    return PLACEHOLDER.findall(text)
 
 
 def placeholder_text(name: str) -> str:
@@ -52,7 +52,7 @@ def placeholder_text(name: str) -> str:
 
 def fill(text: str, values: dict[str, str]) -> str:
     """Replace every ``{name}`` in `text` by ``values[name]``."""
-    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
 class LauncherSpec(Frozen):
