@@ -232,7 +232,8 @@ def _relative_sigma(cov: np.ndarray) -> list[float]:
     return [float(np.sqrt(v)) if v > 0 else float("nan") for v in np.diag(cov)]
 
 
-def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray, s: float) -> ParameterUncertainty:
+def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray, s: float,
+                 source: ParameterSpread) -> ParameterUncertainty:
     """The fit's information combined with the prior spread by source, and the model error ``s``.
 
     Covariance of the fitted log-parameters as in a Laplace approximation with a Gaussian
@@ -241,15 +242,15 @@ def _uncertainty(machine: Machine, params: Sequence[Parameter], cov: np.ndarray,
     diagonal prior of how each number is sourced (docs/uncertainty.md). A parameter the runs
     barely constrain (at a bound, or seen only through another that dominates) keeps about its
     prior spread instead of an unbounded ``s²·(JᵀJ)⁺``; parameters not fitted keep the
-    machine's spread. The prior is the one by source, never an earlier fit's covariance, so
-    refitting on runs that include the earlier ones does not count them twice.
+    machine's spread. The prior is the one by source (`source`, :func:`_source_prior`), never an earlier fit's
+    covariance, so refitting on runs that include the earlier ones does not count them twice.
     """
-    from axoplan.uncertainty.intervals import machine_spread, prior_spread
+    from axoplan.uncertainty.intervals import machine_spread
 
     current, prior_sigma = machine_spread(machine)
     sources = machine.uncertainty.sources if machine.uncertainty is not None else {}
     ranges = machine.uncertainty.ranges if machine.uncertainty is not None else {}
-    prior_var = _variances(prior_spread(dict(sources), ranges=dict(ranges)))  # every path: fitted ones are set
+    prior_var = _variances(source)  # every path: fitted ones are set
     paths = [p.path for p in params]
     n = len(paths)
     info = np.linalg.pinv(cov) if np.isfinite(cov).all() else np.zeros((n, n))
@@ -301,10 +302,10 @@ def calibrate(runs: Sequence[Measured], machine: Machine, parameters: Sequence[s
         raise AxoplanError(f"{len(fit_plans)} training plan(s) cannot determine {len(chosen)} parameters ({names}); "
                            f"give at least {len(chosen) + 1} distinct plans to fit on (more runs, or a smaller "
                            f"--holdout), or fit fewer with --params")
-    fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen,
-                                           prior=_source_prior(machine) if prior else None)
+    source = _source_prior(machine)
+    fitted_values, cov, s, at_bound = _fit(predictor, measured, machine, chosen, prior=source if prior else None)
     values = {k: float(format_value(v)) for k, v in fitted_values.items()}  # as the YAML will hold them
-    spread = _uncertainty(machine, chosen, cov, s)
+    spread = _uncertainty(machine, chosen, cov, s, source)
     sigma = _relative_sigma(np.array(spread.log_cov)[: len(chosen), : len(chosen)])  # the stored, prior-bounded one
     calibrated = with_values(machine, values).model_copy(update={"uncertainty": spread})
     fitted = tuple(FittedParameter(p.path, parameter_value(machine, p.path), values[p.path], s, b)
@@ -337,4 +338,5 @@ def refit(plans: Sequence[PlanRuns], machine: Machine, parameters: Sequence[str]
     measured = np.array([p.measured_s for p in plans])
     fitted_values, cov, s, _ = _fit(predictor, measured, machine, chosen, scan_points=13, max_nfev=max_nfev, tol=tol)
     values = {k: float(format_value(v)) for k, v in fitted_values.items()}
-    return with_values(machine, values).model_copy(update={"uncertainty": _uncertainty(machine, chosen, cov, s)})
+    spread = _uncertainty(machine, chosen, cov, s, _source_prior(machine))
+    return with_values(machine, values).model_copy(update={"uncertainty": spread})
