@@ -161,7 +161,8 @@ def test_the_hf_path_prefers_no_x_y_split_where_megatron_splits_y():
 
 
 def test_the_hf_path_splits_the_batch_over_every_gpu():
-    """Batch 2048 on 32,768 GPUs cannot give every GPU a sequence: nothing is feasible, and the error says so."""
+    """The default batch, 2048, on 4,096 GPUs cannot give every GPU a sequence: nothing is feasible, and the
+    error says so."""
     done = run_cli_here("rank", "--model", "llama3.1-8B", "--gpus", "4096", "--machine", "frontier",
                         "--axonn-path", "hf")
     assert done.returncode == 2 and "GPUs*micro-batch" in done.stderr

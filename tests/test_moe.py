@@ -147,11 +147,23 @@ def test_mfu_counts_the_active_parameters():
 ])
 @pytest.mark.parametrize("path", [(), ("--axonn-path", "hf")])
 def test_planning_commands_take_an_moe_model(command: tuple[str, ...], path: tuple[str, ...]):
+    """Each command reads the MoE model and ranks feasible layouts of it; on the Megatron path (the native
+    module, which builds its groups inside Z) every feasible layout has Gx = Gy = 1."""
+    fmt = () if command[0] == "explain" else ("--format", "json")
     done = run_cli_here(command[0], "--model", "mixtral-8x7B", "--gpus", "256", "--machine", "frontier",
-                        "--global-batch", "512", *command[1:], *path)
+                        "--global-batch", "512", *command[1:], *path, *fmt)
     assert done.returncode == 0, done.stderr
     if command[0] == "explain":
         assert ("experts (native)" in done.stdout) or ("expert_up" in done.stdout)
+        return
+    out = json.loads(done.stdout)
+    assert out["model"]["moe"]["num_experts"] == 8 and out["feasible"] > 0
+    rows = [r for r in out["rows"] if r["feasible"]]
+    assert rows
+    if command[0] == "rank":
+        assert rows == sorted(rows, key=lambda r: r["t_step_s"])
+    if not path:
+        assert all(r["gx"] == 1 and r["gy"] == 1 for r in rows)
 
 
 def test_export_and_plot_take_an_moe_model(tmp_path: Path):
