@@ -127,3 +127,30 @@ def test_plot_scaling_and_breakdown(tmp_path: Path) -> None:
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     _one_error_line(run_cli("plot", "breakdown", "--model", "5B", "--gpus", "64", "-o", str(tmp_path / "b.gif")),
                     "must end in .png, .svg, .pdf")
+
+
+_ORDER_CSV_HEADER = ("machine,model_name,layers,hidden,heads,vocab,max_positions,seq_len,global_batch,micro_batch,"
+                     "gx,gy,gz,gdata,recompute,cache_weights,tp_order,t_step_s")
+
+
+def _explained_s(*args: str) -> float:
+    r = run_cli("explain", "--model", "20B", "--gpus", "128", "--machine", "frontier", "--micro-batch", "4",
+                "--recompute", "off", "--cache-weights", "on", *args)
+    assert r.returncode == 0, r.stderr
+    return float(r.stdout.split("predicted ", 1)[1].split(" s/iter", 1)[0])
+
+
+def test_validate_predicts_a_plan_in_its_own_tensor_parallel_order(tmp_path: Path) -> None:
+    """Issue 29: validate priced every measured plan in AxoNN's default order; a 20B-shaped
+    4x2x8x2/zxy plan on Frontier must get explain's figure for 4x2x8x2/zxy, not the xyz one."""
+    zxy = _explained_s("--layout", "4x2x8x2/zxy")
+    xyz = _explained_s("--layout", "4x2x8x2", "--tp-order", "xyz")
+    assert abs(zxy / xyz - 1) > 0.05  # the order matters for this layout, so the test can fail
+    runs = tmp_path / "runs.csv"
+    row = "frontier,20B,32,7168,56,51200,2048,2048,2048,4,4,2,8,2,false,true,{order},100.0"
+    runs.write_text("\n".join([_ORDER_CSV_HEADER, row.format(order="zxy"), row.format(order="xyz")]) + "\n")
+    table = tmp_path / "table.json"
+    r = run_cli("validate", str(runs), "--out", str(table))
+    assert r.returncode == 0, r.stderr
+    predicted = [rec["predicted_s"] for rec in json.loads(table.read_text())]
+    assert predicted == [pytest.approx(zxy, abs=5e-5), pytest.approx(xyz, abs=5e-5)]

@@ -126,14 +126,18 @@ class Predictor:
 
 
 def plan_candidates(plans: Sequence[LaunchConfig]) -> Candidates:
-    """The plans' layouts, micro-batches and options as candidates of one vectorised prediction
-    (meaningful when the plans share a model and step options, as a scenario's do)."""
-    return Candidates(*(np.array(v) for v in zip(*(_candidate_row(p) for p in plans), strict=True)))
+    """The plans' layouts, rank orders, micro-batches and options as candidates of one vectorised
+    prediction (meaningful when the plans share a model and step options, as a scenario's do).
 
-
-def _candidate_row(plan: LaunchConfig) -> tuple[int, int, int, int, int, bool, bool]:
-    lay = plan.layout
-    return (*lay.to_layout().sizes, plan.micro_batch, plan.recompute, plan.cache_weights)
+    Each plan keeps its own tensor-parallel order (``layout.tp_order``): the candidates list the
+    distinct orders once and point each row at its plan's, so a ``/zxy`` plan is priced as
+    ``explain --layout .../zxy`` prices it, not in AxoNN's default order (issue 29)."""
+    layouts = [p.layout.to_layout() for p in plans]
+    orders = tuple(dict.fromkeys(lay.order for lay in layouts))
+    rows = [(*lay.sizes, p.micro_batch, p.recompute, p.cache_weights) for p, lay in zip(plans, layouts, strict=True)]
+    columns = (np.array(v) for v in zip(*rows, strict=True))
+    order_id = np.array([orders.index(lay.order) for lay in layouts], dtype=np.int64)
+    return Candidates(*columns, order_id=order_id, orders=orders)
 
 
 @dataclass(frozen=True, slots=True)
