@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from axoplan.commands import calibrate, explain, export, listing, plot, probe, rank, run, suggest, validate
+from axoplan.commands import calibrate, explain, export, listing, plot, probe, rank, run, suggest, trace, validate
 from axoplan.commands.user_errors import user_errors
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ COMMANDS = (  # name, function, the one line `axoplan --help` shows (whole at 80
     ("validate", validate.validate, "Compare measured runs with their predictions."),
     ("calibrate", calibrate.calibrate, "Fit a machine's constants to measured runs."),
     ("suggest", suggest.suggest, "The k layouts worth measuring first."),
+    ("trace", trace.trace, "Split each step of a profiler trace by op class."),
 )
 
 for _name, _fn, _short in COMMANDS:
