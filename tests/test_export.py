@@ -459,9 +459,11 @@ def _new_files(n: int) -> list[NewFile]:
            [NewFile(f"{i:02d}-layout/job.sh", f"#!/bin/bash\necho {i}\n", 0o777) for i in range(n)]
 
 
-@pytest.mark.parametrize("fail_on", [1, 3, 6])
+@pytest.mark.parametrize("fail_on", [1, 2, 3])
 def test_failed_export_into_new_folder_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       fail_on: int):
+    """Three new layout folders are published by three renames (each folder whole): a failure on the first, the
+    second or the last leaves nothing, not even the folders the export created."""
     out = tmp_path / "deep" / "plans"
     monkeypatch.setattr(export_files.os, "replace", _FailingReplace(fail_on))
     with pytest.raises(AxoplanError, match="No space left on device.*nothing was changed"):
