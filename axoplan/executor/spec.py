@@ -147,6 +147,9 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
                         "weight); scale or choose an untied model (tied_embeddings: false)")
     if plan.options.hf_path and engine == "axonn":
         problems.append("the AxoNN engine runs expert-mode linears; the hf path runs on the native engine")
+    if plan.model.attention_head_dim is not None or plan.model.qkv_bias:
+        problems.append("the executor builds heads of hidden/num_heads features without a QKV-only bias (a config's "
+                        "head_dim or Qwen2's q/k/v biases are not built)")
     moe = plan.model.moe
     if moe is not None and (plan.options.moe_module != "native" or plan.options.hf_path or moe.shared_experts
                             or plan.model.biases):

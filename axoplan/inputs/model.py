@@ -23,8 +23,8 @@ against Mistral's published 46.7B/12.9B (8x7B) and 141B/39B (8x22B) in ``tests/t
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -46,12 +46,20 @@ from axoplan.fileio import check_readable
 from axoplan.inputs.plausible import MODEL_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping
 
-__all__ = ["ModelSpec", "MoESpec", "LinearLayer", "BLOCK_LAYERS", "MOE_LAYERS", "HEAD_LAYER", "TRANSPOSED_LAYERS",
-           "layer_axes", "PRESETS", "load_model", "load_hf_config", "parse_param_count", "padded_vocab"]
+__all__ = ["ModelSpec", "MoESpec", "Family", "LinearLayer", "BLOCK_LAYERS", "MOE_LAYERS", "HEAD_LAYER",
+           "TRANSPOSED_LAYERS", "LATER_MODEL_FIELDS", "layer_axes", "PRESETS", "load_model", "load_hf_config",
+           "custom_name", "parse_param_count", "padded_vocab"]
 
 Role = Literal["attention", "mlp", "head"]
 IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
 Feeds = Literal["norm", "attention", "activation"]
+Family = Literal["llama", "gpt2", "gpt-neox", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "deepseek"]
+"""The architecture a model was read as (its Hugging Face ``model_type``, ``axoplan.inputs.hf_config``):
+Llama/Mistral/Qwen2/Qwen3 blocks are "llama" (pre-norm RMSNorm, rotary, SwiGLU)."""
+
+LATER_MODEL_FIELDS: dict[str, object] = {"family": None, "attention_head_dim": None, "qkv_bias": False}
+"""Fields added by issue 30, with their defaults: left out of every dump at them, so models, plan ids and saved
+rankings of earlier versions read the same (``records.plan.plan_id`` leaves ``family`` out always: a label)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,18 +189,29 @@ class ModelSpec(Frozen):
     biases: bool = True
     source: str = ""
     moe: MoESpec | None = Field(None, description="Mixture of experts in every block instead of the MLP.")
+    family: Family | None = Field(None, description="Architecture it was read as (a config.json's model_type); "
+                                  "None where no family is claimed.")
+    attention_head_dim: PositiveInt | None = Field(
+        None, description="Features per attention head where a config sets them apart from hidden/num_heads "
+        "(Qwen3's head_dim); default hidden/num_heads.")
+    qkv_bias: bool = Field(False, description="Biases on the QKV projection only (Qwen2's q/k/v_proj), where "
+                           "`biases` is false.")
 
     @model_serializer(mode="wrap")
     def _dense_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
-        """A dense model dumps as it did before MoE models existed (plan ids and saved rankings unchanged)."""
+        """A dense model dumps as it did before MoE models existed, and every model as it did before issue 30's
+        fields where they are at their defaults (plan ids and saved rankings unchanged)."""
         data: dict[str, object] = handler(self)
         if self.moe is None:
             data.pop("moe", None)
+        for name, default in LATER_MODEL_FIELDS.items():
+            if getattr(self, name) == default:
+                data.pop(name, None)
         return data
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelSpec:
-        if self.hidden % self.num_heads:
+        if self.attention_head_dim is None and self.hidden % self.num_heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by num_heads {self.num_heads}")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.kv_heads}")
@@ -204,7 +223,12 @@ class ModelSpec(Frozen):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.num_heads
+        return self.attention_head_dim or self.hidden // self.num_heads
+
+    @property
+    def attention_width(self) -> int:
+        """Features of all query heads, ``num_heads·head_dim``: H, unless a config sets ``head_dim`` apart."""
+        return self.num_heads * self.head_dim
 
     @property
     def ffn(self) -> int:
@@ -218,7 +242,7 @@ class ModelSpec(Frozen):
         chunks = 2 if self.ffn_kind == "swiglu" else 1
         if self.moe is not None:
             return self._moe_linears(h, qkv_out)
-        shapes = {"qkv": (h, qkv_out, 1), "attn_out": (h, h, 1), "mlp_up": (h, chunks * f, chunks),
+        shapes = {"qkv": (h, qkv_out, 1), "attn_out": (self.attention_width, h, 1), "mlp_up": (h, chunks * f, chunks),
                   "mlp_down": (f, h, 1)}
         return tuple(lin.with_shape(*shapes[lin.name]) for lin in BLOCK_LAYERS)
 
@@ -228,8 +252,8 @@ class ModelSpec(Frozen):
         e, i, share = moe.num_experts, moe.expert_ffn_hidden, moe.top_k / moe.num_experts
         shared = moe.shared_experts * i
         qkv, out, up, down, s_up, s_down = MOE_LAYERS
-        layers = [qkv.with_shape(h, qkv_out), out.with_shape(h, h), up.with_shape(h, 2 * i, 2, e, share),
-                  down.with_shape(i, h, 1, e, share)]
+        layers = [qkv.with_shape(h, qkv_out), out.with_shape(self.attention_width, h),
+                  up.with_shape(h, 2 * i, 2, e, share), down.with_shape(i, h, 1, e, share)]
         if shared:
             layers += [s_up.with_shape(h, 2 * shared, 2), s_down.with_shape(shared, h)]
         return tuple(layers)
@@ -245,15 +269,21 @@ class ModelSpec(Frozen):
     def unsharded_params_per_block(self) -> int:
         """Norm weights (and biases) that every GPU holds whole; reduced over the world."""
         norms = 2 * self.hidden * (2 if self.biases else 1)
-        biases = sum(lin.n_out * lin.experts for lin in self.block_linears()) if self.biases else 0
-        return norms + biases + self.router_params()
+        return norms + sum(lin.n_out * lin.experts for lin in self._biased()) + self.router_params()
+
+    def _biased(self) -> tuple[LinearLayer, ...]:
+        """The block's linears that carry a bias: all (`biases`), the QKV projection (`qkv_bias`), or none."""
+        linears = self.block_linears()
+        if self.biases:
+            return linears
+        return linears[:1] if self.qkv_bias else ()
 
     def replicated_tensors(self) -> int:
         """Parameter tensors every GPU holds whole, in the model: per block its norms (weight, and bias),
         the biases of its linears and the router; the final norm. One all-reduce each under AxoNN's
         ``sync_gradients`` (``RunOptions.grad_sync``)."""
         per_norm = 2 if self.biases else 1
-        linears = sum(lin.experts for lin in self.block_linears()) if self.biases else 0
+        linears = sum(lin.experts for lin in self._biased())
         per_block = 2 * per_norm + linears + (1 if self.moe is not None else 0)
         return self.num_layers * per_block + per_norm
 
@@ -275,7 +305,7 @@ class ModelSpec(Frozen):
 
 def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(
-        name=name, num_layers=layers, hidden=hidden, num_heads=heads, vocab=51200, max_positions=2048,
+        name=name, num_layers=layers, hidden=hidden, num_heads=heads, vocab=51200, max_positions=2048, family="gpt2",
         source="AxoNN GPT family, Megatron-AxoNN model-table.md (axonn.md §4.1); GPT-2 vocab padded to 51200",
     )
 
@@ -283,7 +313,7 @@ def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
     return ModelSpec(
         name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=8, ffn_hidden=ffn,
-        ffn_kind="swiglu", vocab=128256, tied_embeddings=False, biases=False,
+        ffn_kind="swiglu", vocab=128256, tied_embeddings=False, biases=False, family="llama",
         source="Llama 3.1 model card / config.json (Meta, 2024)",
     )
 
@@ -291,7 +321,7 @@ def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSp
 def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, source: str) -> ModelSpec:
     return ModelSpec(
         name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=8, ffn_hidden=ffn,
-        ffn_kind="swiglu", vocab=32000, tied_embeddings=False, biases=False, source=source,
+        ffn_kind="swiglu", vocab=32000, tied_embeddings=False, biases=False, source=source, family="mixtral",
         moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=ffn),
     )
 
@@ -341,16 +371,29 @@ def parse_param_count(name: str) -> float:
 
 
 def load_model(name_or_path: str | Path, **overrides: int | str | None) -> ModelSpec:
-    """A preset by name (case-insensitive), or a model YAML by path; `overrides` replace fields."""
+    """A preset by name (case-insensitive), a model YAML or a config.json by path; `overrides` replace fields,
+    and a model they change is named for what it is (``20B (custom: 4 layers)``, :func:`custom_name`)."""
     base = _base_model(str(name_or_path))
-    updates = {k: v for k, v in overrides.items() if v is not None}
+    updates = {k: v for k, v in overrides.items() if v is not None and v != getattr(base, k, None)}
     if not updates:
         return base
     check_plausible(updates, MODEL_RANGES, "model options")
     try:
-        return ModelSpec.model_validate({**base.model_dump(), **updates})
+        return ModelSpec.model_validate({**base.model_dump(), **updates,
+                                         "name": custom_name(base.name, updates)})
     except ValidationError as err:
         raise AxoplanError(describe_validation_error(err, "model options", ModelSpec)) from None
+
+
+_CHANGED = {"num_layers": "{} layers", "hidden": "hidden {}", "num_heads": "{} heads", "num_kv_heads": "{} KV heads",
+            "ffn_hidden": "FFN {}", "vocab": "vocab {}"}
+
+
+def custom_name(base: str, updates: Mapping[str, object]) -> str:
+    """The name of model `base` with `updates` applied: ``20B (custom: 4 layers, hidden 1024)``. Every output
+    (the rank header, JSON, plan.json, job scripts) shows this name, so a changed preset never passes for it."""
+    changes = [_CHANGED.get(k, f"{k} {{}}").format(v) for k, v in updates.items() if k != "name"]
+    return f"{base} (custom: {', '.join(changes)})" if changes else base
 
 
 def _base_model(name: str) -> ModelSpec:
@@ -375,48 +418,8 @@ def _base_model(name: str) -> ModelSpec:
     )
 
 
-_HF_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads")
-
-
 def load_hf_config(path: Path) -> ModelSpec:
-    """A model from a Hugging Face ``config.json`` on disk (nothing is downloaded): a Llama-style dense model
-    (``num_key_value_heads``, ``intermediate_size``, SiLU gate: SwiGLU) or a Mixtral-style mixture of experts
-    (``num_local_experts``, ``num_experts_per_tok``). Rotary positions (no learned position table), no
-    linear biases (``attention_bias``/``mlp_bias`` false), the LM head tied as ``tie_word_embeddings`` says."""
-    from axoplan.fileio import read_text
+    """A model from a Hugging Face ``config.json`` on disk, read by its family (``axoplan.inputs.hf_config``)."""
+    from axoplan.inputs.hf_config import read_hf_config
 
-    check_readable(path, "model config")
-    try:
-        data = json.loads(read_text(path, "model config"))
-    except json.JSONDecodeError as exc:
-        raise AxoplanError(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
-    missing = [k for k in _HF_KEYS if not isinstance(data, dict) or k not in data]
-    if missing:
-        raise AxoplanError(f"{path}: not a Hugging Face model config (no {', '.join(missing)}); give a config.json "
-                           "of a decoder-only model, a model YAML, or a preset")
-    fields = _hf_fields(data)
-    fields["name"] = str(data.get("_name_or_path") or path.parent.name or path.stem)
-    check_plausible(fields, MODEL_RANGES, str(path))
-    try:
-        return ModelSpec.model_validate(fields)
-    except ValidationError as err:
-        raise AxoplanError(describe_validation_error(err, str(path), ModelSpec)) from None
-
-
-def _hf_fields(data: dict[str, object]) -> dict[str, object]:
-    """ModelSpec fields from a Hugging Face config's keys."""
-    act = str(data.get("hidden_act", "silu"))
-    fields: dict[str, object] = {
-        "num_layers": data["num_hidden_layers"], "hidden": data["hidden_size"],
-        "num_heads": data["num_attention_heads"],
-        "num_kv_heads": data.get("num_key_value_heads"), "ffn_hidden": data.get("intermediate_size"),
-        "ffn_kind": "swiglu" if act in ("silu", "swish") else "gelu", "vocab": data.get("vocab_size", 32000),
-        "max_positions": 0, "tied_embeddings": bool(data.get("tie_word_embeddings", False)),
-        "biases": bool(data.get("attention_bias", False) or data.get("mlp_bias", False)),
-        "source": "Hugging Face config.json",
-    }
-    experts = data.get("num_local_experts")
-    if experts:
-        fields["moe"] = {"num_experts": experts, "top_k": data.get("num_experts_per_tok", 2),
-                         "expert_ffn_hidden": data.get("intermediate_size")}
-    return fields
+    return read_hf_config(path)

@@ -135,6 +135,7 @@ MODEL_RANGES: dict[str, Range] = {
     "hidden": Range("features", (1, 1 << 22), (8, 1 << 17)),
     "num_heads": Range("heads", (1, 1 << 16), (1, 2048)),
     "num_kv_heads": Range("heads", (1, 1 << 16), (1, 2048)),
+    "attention_head_dim": Range("features", (1, 1 << 16), (8, 1024)),
     "ffn_hidden": Range("features", (1, 1 << 24), (8, 1 << 19)),
     "vocab": Range("tokens", (1, 1 << 27), (2, 1 << 21)),
     "max_positions": Range("positions", (0, 1 << 26), (0, 1 << 22)),

@@ -212,11 +212,13 @@ def plan_id(machine: str, model: ModelSpec, options: RunOptions, layout: Layout,
     Options added later with their default left out, so earlier plans keep their ids (those
     in `hashed_defaults` are hashed even at their default, as some earlier versions did)."""
     opts = options.model_dump(mode="json")
+    model_fields = model.model_dump(mode="json")
+    model_fields.pop("family", None)  # a label (issue 30), not a shape: presets carry it and keep their ids
     for name in _LATER_OPTIONS:
         if name not in hashed_defaults and opts.get(name) == RunOptions.model_fields[name].default:
             opts.pop(name, None)
     key = json.dumps({
-        "machine": machine, "model": model.model_dump(mode="json"), "options": opts,
+        "machine": machine, "model": model_fields, "options": opts,
         "layout": list(layout.sizes), "micro_batch": micro_batch, "recompute": recompute, "cache": cache_weights,
         **({} if layout.order == DEFAULT_ORDER else {"tp_order": order_name(layout.order)}),
     }, sort_keys=True)
