@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from axoplan.inputs.machine import GemmModel, Machine, Orientation
 
-__all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "memory_bound_s"]
+__all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "memory_bound_s", "aligned"]
 
 Floats = npt.NDArray[np.float64]
 BYTES_BF16 = 2.0
@@ -62,8 +62,18 @@ def gemm_s(machine: Machine, m: Floats, n: Floats, k: Floats, orientation: Orien
         compute = compute / gemm.orientation_efficiency.of(orientation)
     else:
         compute = 2.0 * m * n * k / (machine.peak_flops * gemm_efficiency(gemm, m, n, k, orientation))
+    if machine.kernels is not None and machine.kernels.unaligned_gemm_efficiency < 1.0:
+        unaligned = machine.kernels.unaligned_gemm_efficiency
+        compute = compute / np.where(aligned(m) & aligned(n) & aligned(k), 1.0, unaligned)
     traffic = BYTES_BF16 * (m * k + k * n + m * n)
     return np.maximum(compute, memory_bound_s(machine, traffic))
+
+
+def aligned(dim: Floats) -> npt.NDArray[np.bool_]:
+    """A GEMM dimension whose bf16 rows are 16-byte aligned (a multiple of 8 elements): cuBLAS's vectorised
+    tensor-core kernels need it, otherwise an align1 kernel runs (NVIDIA, "Matrix Multiplication Background
+    User's Guide", tensor-core requirements; the GPT-2 trace's cutlass_75_*_align1 LM-head GEMMs)."""
+    return np.asarray(np.mod(dim, 8.0) == 0.0)
 
 
 def waves(tiles: Floats, units: int) -> Floats:

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from axoplan.cost import collectives as coll
 from axoplan.cost.attention import fused_attention_s, unfused_attention_s
 from axoplan.cost.compute import BYTES_BF16, gemm_s, memory_bound_s
+from axoplan.cost.ledger import LedgerCost
 from axoplan.cost.memory import mlp_width, vocab_rows
 from axoplan.cost.moe import expert_plan
 from axoplan.cost.orientation import Phase, phase_gemm_s
@@ -103,18 +104,19 @@ def axis_groups(machine: Machine, c: Candidates) -> Groups:
 
 def linear_layers(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: Groups, tokens: Floats,
-    profile: FrameworkProfile, dilation: Floats | None = None,
+    profile: FrameworkProfile, dilation: Floats | None = None, ledger: LedgerCost | None = None,
 ) -> list[Layer]:
     """Block layers in execution order, then the LM head (its rows: the padded vocabulary).
 
     A block's elementwise work is shared equally by its linears; the attention is attached
-    to the layer that reads its output; the logits' softmax work to the head."""
+    to the layer that reads its output; the logits' softmax work to the head. With a priced op
+    ledger (`ledger`), that work is the ledger's: a block's non-GEMM ops, its attention, and the rest
+    of the step's (embeddings, final norm, loss) on the head."""
     block = model.block_linears()
-    extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens, profile)
-    extra_bwd = {k: 2.0 * v for k, v in extra_fwd.items()}  # a backward reads and writes about twice the forward
-    attention = unfused_attention_s if options.attention == "unfused" else fused_attention_s
-    heads_of = _full_width(c) if options.hf_path else c  # hf: every head on the GPU's own sequences
-    extra_fwd["attention"], extra_bwd["attention"] = attention(model, machine, options, heads_of)
+    if ledger is not None:
+        extra_fwd, extra_bwd = _ledger_nongemm_s(ledger)
+    else:
+        extra_fwd, extra_bwd = _nongemm_s(model, machine, options, c, tokens, profile)
     router_fwd = _router_s(model, machine, tokens)
     vocab = vocab_rows(model, c)
     shapes = _GemmShapes.of(c)
@@ -209,6 +211,30 @@ def _layer(
         bytes_block=bytes_block, bytes_out=bytes_out, bytes_in=bytes_in, bytes_shard=bytes_shard,
         own_rows=tokens, n_full=n + 0.0 * tokens,
     )
+
+
+def _ledger_nongemm_s(cost: LedgerCost) -> tuple[dict[str, Floats], dict[str, Floats]]:
+    """Forward and backward seconds of a block's non-GEMM ops, its attention, and the rest of the step (the
+    ledger's, ``axoplan.cost.ledger``)."""
+    def phase(name: str) -> dict[str, Floats]:
+        return {"elementwise": cost.scope_s(f"block_{name}", exclude=("attention",)),
+                "attention": cost.class_s("attention", f"block_{name}"), "logits": cost.scope_s(f"rest_{name}")}
+
+    return phase("forward"), phase("backward")
+
+
+def _nongemm_s(
+    model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, tokens: Floats, profile: FrameworkProfile,
+) -> tuple[dict[str, Floats], dict[str, Floats]]:
+    """Forward and backward seconds of the work that is not a sharded GEMM, for a profile without a ledger: the
+    forward's element-wise and logits work (:func:`_nongemm_fwd_s`), twice that backward (a backward reads and
+    writes about twice the forward), and the attention core (``axoplan.cost.attention``)."""
+    extra_fwd = _nongemm_fwd_s(model, machine, options, c, tokens, profile)
+    extra_bwd = {k: 2.0 * v for k, v in extra_fwd.items()}
+    attention = unfused_attention_s if options.attention == "unfused" else fused_attention_s
+    heads_of = _full_width(c) if options.hf_path else c  # hf: every head on the GPU's own sequences
+    extra_fwd["attention"], extra_bwd["attention"] = attention(model, machine, options, heads_of)
+    return extra_fwd, extra_bwd
 
 
 def _nongemm_fwd_s(

@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost.compute import BYTES_BF16
+from axoplan.cost.ledger import LedgerCost
 from axoplan.inputs.framework import FrameworkProfile, StateBytes
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec, padded_vocab
@@ -132,8 +133,9 @@ def replicated_params(model: ModelSpec) -> float:
 
 
 def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
-                   profile: FrameworkProfile) -> MemoryBreakdown:
-    """Peak memory estimate per GPU for every candidate, under `profile`'s rules."""
+                   profile: FrameworkProfile, ledger: LedgerCost | None = None) -> MemoryBreakdown:
+    """Peak memory estimate per GPU for every candidate, under `profile`'s rules; with a priced op ledger its
+    activations are what the ledger's saved tensors keep (:func:`_ledger_activation_bytes`)."""
     rules = profile.memory
     shard = (c.gx * c.gy * c.gz).astype(np.float64)
     params = sharded_params(model, c, options) + (replicated_params(model) / shard if rules.shards_replicated_params
@@ -149,7 +151,8 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
         gradients=state(rules.gradients),
         optimizer=state(rules.optimizer),
         gathered=_gathered_bytes(model, options, c, profile),
-        activations=_activation_bytes(model, options, c, profile, tokens),
+        activations=(_activation_bytes(model, options, c, profile, tokens) if ledger is None
+                     else _ledger_activation_bytes(model, c, profile, ledger, tokens)),
         logits=tokens * vocab_rows(model, c) / (1.0 if options.hf_path else c.gy.astype(np.float64))
         * rules.logits_bytes,
     )
@@ -212,6 +215,19 @@ def _hf_activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, p
     per_layer = tokens * (activation_bytes_per_token(model, options, profile, ones, ones) + kept * BYTES_BF16)
     checkpoint = tokens * model.hidden * BYTES_BF16
     return np.where(c.recompute, model.num_layers * checkpoint + per_layer, model.num_layers * per_layer)
+
+
+def _ledger_activation_bytes(model: ModelSpec, c: Candidates, profile: FrameworkProfile, ledger: LedgerCost,
+                             tokens: Floats) -> Floats:
+    """What autograd keeps, from the ledger's saved tensors (traced with saved-tensor hooks, each storage once):
+    every block's, and the rest of the forward's (embeddings, final norm, the LM head's weight copy, the loss's
+    fp32 log-probabilities). Under full recompute a block keeps only its input (the residual stream, in the
+    weights' dtype: fp32 under autocast) and one block's working set is alive at a time."""
+    block, rest = ledger.saved_bytes.get("block_forward", 0.0 * tokens), ledger.saved_bytes.get("rest_forward", 0.0)
+    checkpoint = tokens * model.hidden * min(profile.memory.weights.bytes_per_param, 4.0)
+    full = model.num_layers * block + rest
+    recomputed = model.num_layers * checkpoint + block + rest
+    return np.where(c.recompute, recomputed, full)
 
 
 @dataclass(frozen=True, slots=True)

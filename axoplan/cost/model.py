@@ -41,10 +41,11 @@ import numpy.typing as npt
 
 from axoplan.cost.communication import collective_terms
 from axoplan.cost.layers import axis_groups, linear_layers
+from axoplan.cost.ledger import LedgerCost, ledger_class_columns, ledger_family, load_ledger, price_ledger
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
 from axoplan.cost.step import compute_columns, step_columns
 from axoplan.cost.terms import CollectiveTerm
-from axoplan.inputs.framework import load_framework
+from axoplan.inputs.framework import FrameworkProfile, load_framework
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
@@ -72,14 +73,27 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     groups = axis_groups(machine, c)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
     dilation = _core_sharing(machine, c)
-    layers = linear_layers(model, machine, options, c, groups, tokens, profile, dilation)
+    ledger = _priced_ledger(profile, model, machine, options, c)
+    layers = linear_layers(model, machine, options, c, groups, tokens, profile, dilation, ledger)
     per_group = c.micro_batch * xy_batch_shards(c.gx, c.gy, options.hf_path)  # hf: every GPU its own sequences
     n_micro = options.global_batch / sequences_per_micro_step(c.gdata, c.gz, per_group).astype(np.float64)
     terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile, machine)
-    compute = compute_columns(layers, model, machine, c, n_micro, dilation, options)
-    memory = memory_per_gpu(model, options, c, profile)
-    columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation)
+    compute = compute_columns(layers, model, machine, c, n_micro, dilation, options, ledger)
+    memory = memory_per_gpu(model, options, c, profile, ledger)
+    columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation, ledger)
+    if ledger is not None:
+        columns |= ledger_class_columns(ledger, model.num_layers, c.recompute, n_micro, compute["t_gemm_s"])
     return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)
+
+
+def _priced_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine, options: RunOptions,
+                   c: Candidates) -> LedgerCost | None:
+    """The framework's op ledger priced for every candidate, or None for a profile without one. Its attention runs
+    on the backend SDPA picks on the device (``Machine.kernels.default_attention``)."""
+    if profile.ledger is None:
+        return None
+    ledger = load_ledger(profile.ledger, ledger_family(model))
+    return price_ledger(ledger, machine, model, options.seq_len, c)
 
 
 def _core_sharing(machine: Machine, c: Candidates) -> Floats | None:

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from axoplan.cost.compute import memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.layers import Groups, Layer
+from axoplan.cost.ledger import LedgerCost
 from axoplan.cost.memory import replicated_params, sharded_params
 from axoplan.cost.scale import interference_s, straggler_factor
 from axoplan.cost.terms import CollectiveTerm
@@ -30,15 +31,20 @@ Floats = npt.NDArray[np.float64]
 
 def compute_columns(
     layers: list[Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats,
-    dilation: Floats | None = None, options: RunOptions | None = None,
+    dilation: Floats | None = None, options: RunOptions | None = None, ledger: LedgerCost | None = None,
 ) -> dict[str, Floats]:
     """GEMM, non-GEMM and optimizer seconds per step (an expert linear's calls share its block's non-GEMM work:
-    ``axoplan.cost.layers``)."""
+    ``axoplan.cost.layers``). The optimizer is the ledger's where the framework has one, else 30 bytes per
+    parameter at ``memory_efficiency`` (read and write the fp32 master, both moments and the gradient, write
+    the bf16 weight)."""
     rec = c.recompute.astype(np.float64)
     gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
     other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
     params = sharded_params(model, c, options) + replicated_params(model)
-    optimizer = memory_bound_s(machine, params * 30.0)  # read/write master, m, v, grad; write bf16 weight
+    if ledger is not None:
+        optimizer = ledger.optimizer_s(machine, params)
+    else:
+        optimizer = memory_bound_s(machine, params * 30.0)
     if dilation is not None:
         optimizer = optimizer * dilation
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
@@ -53,12 +59,18 @@ def _extra_linears(model: ModelSpec, options: RunOptions | None) -> float:
 
 
 def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates,
-                      options: RunOptions | None = None) -> tuple[Floats, Floats]:
+                      options: RunOptions | None = None, ledger: LedgerCost | None = None) -> tuple[Floats, Floats]:
     """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/inputs/framework.py``):
     every block's forward, again when recomputed with the checkpoint's bookkeeping, its backward,
-    then the head's forward and backward."""
+    then the head's forward and backward (the ledger's ops, where the framework has one)."""
     rec = c.recompute.astype(np.float64)
+    if ledger is not None:
+        def count(per_scope: dict[str, float]) -> Floats:
+            return (model.num_layers * (per_scope["block_forward"] * (1.0 + rec) + per_scope["block_backward"])
+                    + per_scope["rest_forward"] + per_scope["rest_backward"])
+        return count(ledger.host_ops), count(ledger.kernels)
     blk, head = profile.block, profile.head
+    assert blk is not None and head is not None
     fwd_k, bwd_k = profile.kernels_per_block
     ops = model.num_layers * (blk.forward.host_ops * (1.0 + rec) + blk.backward.host_ops
                               + blk.recompute_extra_host_ops * rec)
@@ -71,7 +83,7 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
 
 def _host_s(
     profile: FrameworkProfile, model: ModelSpec, machine: Machine, c: Candidates, terms: list[CollectiveTerm],
-    n_micro: Floats, options: RunOptions | None = None,
+    n_micro: Floats, options: RunOptions | None = None, ledger: LedgerCost | None = None,
 ) -> tuple[Floats, Floats]:
     """Host seconds and device kernel-gap seconds per step.
 
@@ -81,7 +93,7 @@ def _host_s(
     HolisticTraceAnalysis docs); each collective call on a group of more than one rank is one
     more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
     each kernel costs the device ``device.kernel_gap_us`` besides its work."""
-    ops, kernels = _per_micro_counts(profile, model, c, options)
+    ops, kernels = _per_micro_counts(profile, model, c, options, ledger)
     calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms
                 if t.phase != "step" and not t.is_drain) / n_micro
     host = n_micro * ((ops + calls) * machine.host.op_us + (kernels + calls) * machine.host.launch_us) * 1e-6
@@ -101,7 +113,7 @@ def _host_idle_s(machine: Machine, host_s: Floats, device_s: Floats) -> Floats:
 def step_columns(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: Groups,
     terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, profile: FrameworkProfile,
-    dilation: Floats | None = None,
+    dilation: Floats | None = None, ledger: LedgerCost | None = None,
 ) -> dict[str, Floats]:
     """The step: compute, exposed collectives, what hidden collectives take from the compute beside
     them, the wait for the slowest GPU, and the time the device waits for the host."""
@@ -113,7 +125,7 @@ def step_columns(
         cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
     cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
     cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
-    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro, options)
+    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro, options, ledger)
     if dilation is not None:  # the host shares the cores too
         host_s = host_s * dilation
     cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
@@ -105,8 +105,15 @@ class FrameworkProfile(Frozen):
 
     name: str
     description: str = ""
-    block: BlockCounts
-    head: BlockCounts = Field(description="The final norm, LM head and vocabulary-parallel loss, per micro-batch.")
+    ledger: str | None = Field(
+        None, description="The op ledger this framework runs (frameworks/ledgers/<ledger>-<family>.json, traced from "
+        "its code): every op's class, bytes, flops and saved tensors, priced by axoplan.cost.ledger; its host ops, "
+        "kernels, non-GEMM time, optimizer and activation memory replace block, head and the memory rules' "
+        "activation terms.")
+    block: BlockCounts | None = Field(
+        None, description="Host ops and kernels of one block (a profile without a ledger).")
+    head: BlockCounts | None = Field(
+        None, description="The final norm, LM head and vocabulary-parallel loss, per micro-batch (without a ledger).")
     memory: MemoryRules = Field(description="How the framework holds memory.")
     z_gather_unit: Literal["linear", "block"] = Field(
         "linear", description="What one Z all-gather (and reduce-scatter) moves: one linear layer's weight block "
@@ -124,9 +131,16 @@ class FrameworkProfile(Frozen):
         "backward; false: it runs after the backward, exposed (AxoNN's sync_gradients, Megatron-DeepSpeed without "
         "gradient buckets).")
 
+    @model_validator(mode="after")
+    def _counts_or_ledger(self) -> FrameworkProfile:
+        if self.ledger is None and (self.block is None or self.head is None):
+            raise ValueError("a profile without a ledger gives block and head counts")
+        return self
+
     @property
     def kernels_per_block(self) -> tuple[int, int]:
         """All kernels of one block's (forward, backward)."""
+        assert self.block is not None, "a ledger profile's kernels are its ledger's"
         f, b = self.block.forward, self.block.backward
         return f.kernels + f.gemm_kernels, b.kernels + b.gemm_kernels
 

@@ -29,7 +29,7 @@ from axoplan.inputs.plausible import MACHINE_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
 __all__ = ["Machine", "Reserve", "UnifiedMemory", "ScaleUpDomain", "load_machine", "shipped_machines", "machines_dir",
-           "Orientation", "ORIENTATIONS", "OrientationEfficiency"]
+           "Orientation", "ORIENTATIONS", "OrientationEfficiency", "KernelModel", "AttentionCurve", "OpClass"]
 
 Fraction = float
 
@@ -295,6 +295,50 @@ class ParameterUncertainty(Frozen):
         return self
 
 
+OpClass = Literal["elementwise", "activation", "norm", "copy_cast", "reduction", "loss", "optimizer", "memset"]
+"""The memory-bound op classes of a ledger (``axoplan.cost.ledger``), each priced at its own share of HBM bandwidth."""
+
+
+class AttentionCurve(Frozen):
+    """A fused attention backend's forward+backward fraction of peak by sequence length (causal, the
+    FlashAttention-2 flop convention), interpolated in log2 of the length and held flat beyond its ends."""
+
+    seq: tuple[PositiveInt, ...] = Field(min_length=1, description="Sequence lengths measured, ascending.")
+    efficiency: tuple[float, ...] = Field(min_length=1, description="Fraction of dense bf16 peak at each length.")
+
+    @model_validator(mode="after")
+    def _same_length(self) -> AttentionCurve:
+        if len(self.seq) != len(self.efficiency) or list(self.seq) != sorted(self.seq):
+            raise ValueError("seq and efficiency must be equally long, seq ascending")
+        if not all(0 < e <= 1 for e in self.efficiency):
+            raise ValueError("every efficiency must be in (0, 1]")
+        return self
+
+
+class KernelModel(Frozen):
+    """Per op class, what the device's kernels reach (``axoplan.cost.ledger`` prices each ledger entry with
+    it): memory-bound classes as a share of HBM bandwidth, fused attention per backend as a curve."""
+
+    elementwise: float = Field(gt=0, le=1, description="Element-wise kernels (add, mul, ...), share of HBM bandwidth.")
+    activation: float = Field(gt=0, le=1, description="Fused activation kernels (GeLU, SiLU, their backward).")
+    norm: float = Field(gt=0, le=1, description="Layer and RMS norm kernels, forward and backward.")
+    copy_cast: float = Field(gt=0, le=1, description="Copies, dtype casts, concatenations, embedding look-ups.")
+    reduction: float = Field(gt=0, le=1, description="Reductions over rows (bias gradients, sums).")
+    loss: float = Field(gt=0, le=1, description="log_softmax and nll_loss, forward and backward, over the logits.")
+    optimizer: float = Field(gt=0, le=1, description="The fused optimizer's multi-tensor kernels.")
+    memset: float = Field(0.85, gt=0, le=1, description="Fills and zeroed allocations.")
+    attention: dict[str, AttentionCurve] = Field(
+        default_factory=dict, description="Fused attention backends measured on this device (flash, cudnn, efficient).")
+    default_attention: str | None = Field(
+        None, description="The backend PyTorch's SDPA picks on this device (cudnn on Hopper with PyTorch 2.11).")
+    unaligned_gemm_efficiency: float = Field(
+        1.0, gt=0, le=1, description="A GEMM whose dimension is not a multiple of 8 runs on align1 kernels at this "
+        "fraction of the aligned speed.")
+
+    def of(self, op_class: OpClass) -> float:
+        return float(getattr(self, op_class))
+
+
 class Machine(Frozen):
     """A homogeneous GPU machine as the cost model needs it."""
 
@@ -318,6 +362,9 @@ class Machine(Frozen):
         None, gt=0, le=1, description="The same for the Triton FlashAttention kernel (--attention flash-triton); "
         "attention_efficiency when absent.")
     memory_efficiency: float = Field(0.7, gt=0, le=1, description="Achieved fraction of HBM bandwidth.")
+    kernels: KernelModel | None = Field(
+        None, description="Op classes measured on this device (a ledger prices each op with them); None: every "
+        "memory-bound class at memory_efficiency and attention at attention_efficiency.")
     host: Host
     measured_bandwidth: tuple[MeasuredBandwidth, ...] = Field(
         (), description="Measured bus bandwidths; when a row matches a group it overrides the theory."

@@ -3,6 +3,7 @@
 # layout Gx=4 Gy=4 Gz=4 Gdata=4, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=4 G_intra_r=4 G_intra_c=4 G_intra_d=4)
 # micro-batch 1, no recompute, cached weights, 128 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 9.000 s/iteration x 100 iterations + 10 min margin = wall time 00:25:00
+# memory per GPU: needs 40.0 GB of tensors, of 79.0 GB usable (96 GB HBM less a 17.0 GB reserve); with the reserve 57.0 GB, 80% interval 50.2-64.8 GB: fits (P(fit) 1.00)
 # plan 63b83e27aae7; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH --account=<ACCOUNT>

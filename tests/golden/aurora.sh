@@ -3,6 +3,7 @@
 # layout Gx=4 Gy=1 Gz=8 Gdata=24, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=24 G_intra_r=1 G_intra_c=4 G_intra_d=8)
 # micro-batch 1, no recompute, cached weights, 8 micro-batches per step; global batch 1536 x 2048 tokens
 # predicted 11.400 s/iteration x 100 iterations + 10 min margin = wall time 00:29:00
+# memory per GPU: needs 40.0 GB of tensors, of 52.6 GB usable (64 GB HBM less a 11.4 GB reserve); with the reserve 51.4 GB, 80% interval 45.2-58.4 GB: fits (P(fit) 0.99)
 # plan 3454f66a50c4; its launch config is plan.json, next to this script
 # submit from this folder:  qsub job.sh
 #PBS -A <ACCOUNT>

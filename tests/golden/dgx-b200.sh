@@ -3,6 +3,7 @@
 # layout Gx=1 Gy=2 Gz=64 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=2 G_intra_c=1 G_intra_d=64)
 # micro-batch 4, no recompute, cached weights, 1 micro-batch per step; global batch 2048 x 2048 tokens
 # predicted 2.000 s/iteration x 100 iterations + 10 min margin = wall time 00:14:00
+# memory per GPU: needs 40.0 GB of tensors, of 155.3 GB usable (180 GB HBM less a 24.7 GB reserve); with the reserve 64.7 GB, 80% interval 56.9-73.5 GB: fits (P(fit) 1.00)
 # plan 186f08fd3d41; its launch config is plan.json, next to this script
 # run from this folder on each of the 128 nodes at once:
 #   MASTER_ADDR=<first node> bash job.sh

@@ -3,6 +3,7 @@
 # layout Gx=8 Gy=1 Gz=4 Gdata=4, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=4 G_intra_r=1 G_intra_c=8 G_intra_d=4)
 # micro-batch 2, no recompute, cached weights, 64 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 20.000 s/iteration x 100 iterations + 10 min margin = wall time 00:44:00
+# memory per GPU: needs 40.0 GB of tensors, of 66.8 GB usable (80 GB HBM less a 13.2 GB reserve); with the reserve 53.2 GB, 80% interval 46.8-60.5 GB: fits (P(fit) 1.00)
 # plan ef3cea44b552; its launch config is plan.json, next to this script
 # run from this folder on each of the 16 nodes at once:
 #   MASTER_ADDR=<first node> bash job.sh

@@ -3,6 +3,7 @@
 # layout Gx=4 Gy=1 Gz=8 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
 # micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 7.250 s/iteration x 11834 iterations + 10 min margin = wall time 24:00:00
+# memory per GPU: needs 40.0 GB of tensors, of 51.7 GB usable (64 GB HBM less a 12.3 GB reserve); with the reserve 52.3 GB, 80% interval 46.0-59.4 GB: fits (P(fit) 0.98)
 # BENCHMARK, NOT TRAINING: this job runs 20,000 iterations of axoplan's synthetic benchmark, not training: 2 jobs on 32 nodes, about 1,289 node-hours
 # plan 9fe3cd6cf747; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh

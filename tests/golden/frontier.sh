@@ -3,6 +3,7 @@
 # layout Gx=4 Gy=8 Gz=512 Gdata=2, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=2 G_intra_r=8 G_intra_c=4 G_intra_d=512)
 # micro-batch 1, no recompute, cached weights, 2 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 12.500 s/iteration x 100 iterations + 20.24 min margin = wall time 00:42:00
+# memory per GPU: needs 40.0 GB of tensors, of 51.7 GB usable (64 GB HBM less a 12.3 GB reserve); with the reserve 52.3 GB, 80% interval 46.0-59.4 GB: fits (P(fit) 0.98)
 # plan 43f25abb44d1; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>

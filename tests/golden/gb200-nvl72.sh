@@ -3,6 +3,7 @@
 # layout Gx=2 Gy=4 Gz=8 Gdata=16, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=16 G_intra_r=4 G_intra_c=2 G_intra_d=8)
 # micro-batch 8, no recompute, cached weights, 2 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 2.450 s/iteration x 100 iterations + 10 min margin = wall time 00:15:00
+# memory per GPU: needs 40.0 GB of tensors, of 160.6 GB usable (186 GB HBM less a 25.4 GB reserve); with the reserve 65.4 GB, 80% interval 57.5-74.3 GB: fits (P(fit) 1.00)
 # plan 250c21a9cddb; its launch config is plan.json, next to this script
 # run from this folder on each of the 256 nodes at once:
 #   MASTER_ADDR=<first node> NODE_RANK=<this node's place> bash job.sh

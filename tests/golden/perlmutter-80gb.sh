@@ -3,6 +3,7 @@
 # layout Gx=4 Gy=1 Gz=8 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=8)
 # micro-batch 2, no recompute, cached weights, 16 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 7.250 s/iteration x 100 iterations + 10 min margin = wall time 00:23:00
+# memory per GPU: needs 40.0 GB of tensors, of 66.8 GB usable (80 GB HBM less a 13.2 GB reserve); with the reserve 53.2 GB, 80% interval 46.8-60.5 GB: fits (P(fit) 1.00)
 # plan bbb19724dd55; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A <ACCOUNT>

@@ -3,6 +3,7 @@
 # layout Gx=4 Gy=1 Gz=64 Gdata=8, tensor-parallel order xyz; axonn.init(G_inter=1 G_data=8 G_intra_r=1 G_intra_c=4 G_intra_d=64)
 # micro-batch 1, no recompute, cached weights, 4 micro-batches per step; global batch 2048 x 2048 tokens
 # predicted 3.500 s/iteration x 100 iterations + 11.28 min margin = wall time 00:18:00
+# memory per GPU: needs 40.0 GB of tensors, of 31.4 GB usable (40 GB HBM less a 8.6 GB reserve); with the reserve 48.6 GB, 80% interval 42.8-55.2 GB: does not fit (P(fit) 0.03)
 # plan 9c2f37839139; its launch config is plan.json, next to this script
 # submit from this folder:  sbatch job.sh
 #SBATCH -A m1234_g

@@ -1,0 +1,231 @@
+"""The op ledger: every op a framework's training step runs, and one routine that prices them all.
+
+A ledger (``frameworks/ledgers/<profile>-<family>.json``) is data derived by tracing the framework's real
+code on CPU (``benchmarks/derive_ledger.py``: the aten ops below autograd, with CUDA autocast's casts, as
+``Trainer(bf16=True)`` runs a step). Each entry is one op of one scope (a block's forward or backward, the
+rest of the forward or backward: embeddings, final norm, LM head and loss), with its class, how many times
+the scope runs it, and the bytes it reads and writes as sums of monomials in the model's dimensions::
+
+    bytes = Σ c · B^b · S^s · H^h · NH^n · KV^k · F^f · V^v
+
+(``B`` sequences per micro-batch on this GPU, ``S`` sequence length, ``H`` hidden size, ``NH`` and ``KV``
+query and key-value heads, ``F`` FFN width, ``V`` vocabulary). GEMM and attention entries carry their flops
+the same way; what autograd keeps for the backward (saved-tensor hooks) is a list of monomials per scope.
+
+:func:`price_ledger` prices every entry for every candidate at once (Calculon's per-op ledger priced by one
+routine, ``shared/design/house-style.md`` §7):
+
+* a memory-bound entry (element-wise, activation, norm, copy/cast, reduction, loss, memset) by its bytes over
+  HBM bandwidth times its class's efficiency (``Machine.kernels``, measured per class);
+* an attention entry by its flops (the causal half, the FlashAttention-2 convention) at its backend's
+  measured curve in sequence length;
+* a GEMM entry is counted (kernels, host ops) but priced by the tile model with the 4D linear it belongs to
+  (``axoplan.cost.layers``), where its collectives overlap with it;
+* a view costs the host an op and the device nothing.
+
+The ledger's work runs where AxoNN's Hugging Face path runs it (``docs/algorithm.md`` §4b): on the GPU's own
+sequences at full width, so its symbols are the model's own dimensions; a parameter-shaped tensor (no ``B``
+or ``S`` in its monomial: autocast's weight casts, gradient casts) is the GPU's ``1/(Gx·Gy)`` block.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.errors import AxoplanError
+from axoplan.inputs.machine import Machine, OpClass
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.schema import shipped_folder
+from axoplan.space.candidates import Candidates
+
+__all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
+           "ledger_family", "attention_efficiency", "ledger_class_columns"]
+
+Floats = npt.NDArray[np.float64]
+
+OP_CLASSES: tuple[str, ...] = ("gemm", "attention", "norm", "activation", "elementwise", "copy_cast", "reduction",
+                               "loss", "memset", "optimizer", "view")
+MEMORY_BOUND: tuple[OpClass, ...] = ("elementwise", "activation", "norm", "copy_cast", "reduction", "loss", "memset")
+SCOPES = ("block_forward", "block_backward", "rest_forward", "rest_backward")
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """``coef · Π symbol^exponent`` (bytes, or flops)."""
+
+    coef: float
+    exps: tuple[tuple[str, int], ...]
+
+    @property
+    def parameter_shaped(self) -> bool:
+        """No tokens in it: a weight, a gradient or a bias (the GPU's block of a 4D-sharded one)."""
+        return not any(s in ("B", "S") for s, _ in self.exps)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerOp:
+    op: str
+    op_class: str
+    count: int
+    read: tuple[Term, ...]
+    write: tuple[Term, ...]
+    flops: tuple[Term, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    name: str
+    family: str
+    made_by: str
+    versions: dict[str, str]
+    scopes: dict[str, tuple[LedgerOp, ...]]
+    saved: dict[str, tuple[Term, ...]]
+    optimizer_read_bytes_per_param: float
+    optimizer_kernels: int
+
+    def ops(self, scope: str) -> tuple[LedgerOp, ...]:
+        return self.scopes.get(scope, ())
+
+
+def ledger_family(model: ModelSpec) -> str:
+    """The traced family whose op list `model` runs: its config's family where known, else GPT-2's blocks for a
+    GeLU MLP with biases and Llama's for a SwiGLU one."""
+    family = getattr(model, "family", None)
+    if family in ("gpt2", "llama", "gpt-neox"):
+        return str(family)
+    if family in ("mistral", "qwen2"):
+        return "llama"
+    return "llama" if model.ffn_kind == "swiglu" else "gpt2"
+
+
+def _terms(raw: list[tuple[float, dict[str, int]]]) -> tuple[Term, ...]:
+    return tuple(Term(float(c), tuple(sorted((str(s), int(e)) for s, e in x.items()))) for c, x in raw)
+
+
+@cache
+def load_ledger(name: str, family: str) -> Ledger:
+    """The shipped ledger `name` (a framework profile's ``ledger``) for `family`."""
+    path = shipped_folder("frameworks") / "ledgers" / f"{name}-{family}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.json"))
+        raise AxoplanError(f"no op ledger {path.stem!r} (framework ledger {name!r}, model family {family!r}); "
+                           f"shipped: {', '.join(known)}")
+    doc = json.loads(path.read_text())
+    scopes = {scope: tuple(LedgerOp(o["op"], o["class"], int(o["count"]), _terms(o["read"]), _terms(o["write"]),
+                                    _terms(o.get("flops", []))) for o in ops)
+              for scope, ops in doc["scopes"].items()}
+    opt = doc["optimizer"]
+    return Ledger(name, family, doc["made_by"], doc["versions"], scopes,
+                  {k: _terms(v) for k, v in doc["saved"].items()}, float(opt["read_bytes_per_param"]),
+                  int(opt["ops"]))
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerCost:
+    """A priced ledger for every candidate, per micro-batch (the optimizer per step).
+
+    ``seconds[(scope, class)]``: device seconds of that class in that scope (a block scope: one block);
+    ``kernels`` and ``host_ops`` per scope (one block for the block scopes); ``saved_bytes`` per scope."""
+
+    seconds: dict[tuple[str, str], Floats]
+    kernels: dict[str, float]
+    host_ops: dict[str, float]
+    saved_bytes: dict[str, Floats]
+    optimizer_kernels: int
+    optimizer_bytes_per_param: float
+
+    def optimizer_s(self, machine: Machine, params: Floats) -> Floats:
+        """The optimizer step over `params` parameters at the optimizer class's efficiency."""
+        eff = machine.kernels.optimizer if machine.kernels else machine.memory_efficiency
+        return params * self.optimizer_bytes_per_param / (machine.device.hbm_bandwidth_gbs * 1e9 * eff)
+
+    def scope_s(self, scope: str, exclude: tuple[str, ...] = ()) -> Floats:
+        parts = [v for (s, cls), v in self.seconds.items() if s == scope and cls not in exclude]
+        return np.sum(parts, axis=0) if parts else np.float64(0.0)  # type: ignore[return-value]
+
+    def class_s(self, op_class: str, scope: str) -> Floats:
+        return self.seconds.get((scope, op_class), np.float64(0.0))  # type: ignore[arg-type]
+
+
+def symbols(model: ModelSpec, seq_len: int, c: Candidates) -> dict[str, Floats]:
+    """Each ledger symbol's value per candidate (``B``: the micro-batch's sequences on one GPU)."""
+    one = np.ones(len(c), dtype=np.float64)
+    return {"B": c.micro_batch.astype(np.float64), "S": seq_len * one, "H": model.hidden * one,
+            "NH": model.num_heads * one, "KV": model.kv_heads * one, "F": float(_ffn(model)) * one,
+            "V": model.vocab * one}
+
+
+def _ffn(model: ModelSpec) -> int:
+    return model.ffn_hidden if model.ffn_hidden else 4 * model.hidden
+
+
+def _evaluate(terms: tuple[Term, ...], sym: dict[str, Floats], shard: Floats) -> Floats:
+    total = np.zeros_like(shard)
+    for t in terms:
+        value = t.coef * np.prod([sym[s] ** e for s, e in t.exps], axis=0) if t.exps else t.coef + 0.0 * shard
+        total = total + (value / shard if t.parameter_shaped else value)
+    return total
+
+
+def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) -> float:
+    """The backend's measured fraction of peak at `seq_len` (log2-interpolated, flat beyond the ends); without a
+    measured curve, the machine's flat ``attention_efficiency``."""
+    kernels = machine.kernels
+    name = backend or (kernels.default_attention if kernels else None)
+    if kernels is None or name is None or name not in kernels.attention:
+        return machine.attention_efficiency
+    curve = kernels.attention[name]
+    return float(np.interp(math.log2(seq_len), np.log2(np.array(curve.seq, dtype=np.float64)), curve.efficiency))
+
+
+def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates,
+                 attention_backend: str | None = None) -> LedgerCost:
+    """Price every entry of `ledger` for every candidate (see the module docstring)."""
+    sym = symbols(model, seq_len, c)
+    shard = (c.gx * c.gy).astype(np.float64)
+    bw = machine.device.hbm_bandwidth_gbs * 1e9
+    attn_rate = machine.peak_flops * attention_efficiency(machine, attention_backend, seq_len)
+    seconds: dict[tuple[str, str], Floats] = {}
+    kernels: dict[str, float] = {}
+    host: dict[str, float] = {}
+    for scope in SCOPES:
+        kernels[scope], host[scope] = 0.0, 0.0
+        for op in ledger.ops(scope):
+            host[scope] += op.count
+            if op.op_class == "view":
+                continue
+            kernels[scope] += op.count
+            if op.op_class == "gemm":
+                continue
+            if op.op_class == "attention":
+                t = op.count * 0.5 * _evaluate(op.flops, sym, shard) / attn_rate  # the causal half
+            else:
+                eff = machine.kernels.of(op.op_class) if machine.kernels else machine.memory_efficiency  # type: ignore[arg-type]
+                nbytes = _evaluate(op.read, sym, shard) + _evaluate(op.write, sym, shard)
+                t = op.count * nbytes / (bw * eff)
+            key = (scope, op.op_class)
+            seconds[key] = seconds.get(key, 0.0) + t
+    saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
+    # the fused AdamW kernel reads parameter, gradient and both moments and writes all but the gradient back
+    optimizer_bytes = 1.75 * ledger.optimizer_read_bytes_per_param
+    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_kernels, optimizer_bytes)
+
+
+def ledger_class_columns(cost: LedgerCost, num_layers: int, recompute: npt.NDArray[np.bool_], n_micro: Floats,
+                         gemm_s: Floats) -> dict[str, Floats]:
+    """Seconds per step of each op class (``t_class_<class>_s``): a block's ops times the layers (its forward again
+    under recompute), the rest once, per micro-batch times the micro-batches; GEMMs as the tile model priced them
+    (`gemm_s`, already per step). What `explain` shows beside a profiler trace's split."""
+    rec = recompute.astype(np.float64)
+    cols: dict[str, Floats] = {"t_class_gemm_s": gemm_s}
+    for (scope, op_class), t in cost.seconds.items():
+        times = num_layers * ((1.0 + rec) if scope == "block_forward" else 1.0) if scope.startswith("block") else 1.0
+        key = f"t_class_{op_class}_s"
+        cols[key] = cols.get(key, 0.0) + n_micro * times * t
+    return cols
