@@ -78,7 +78,7 @@ def _table(summary: TraceSummary) -> str:
     from axoplan.report import text_table
 
     n = len(summary.steps)
-    head = (f"{summary.path}: {summary.device or 'device not named'}, {n} step{'s' if n != 1 else ''} from "
+    head = (f"{Path(summary.path).name}: {summary.device or 'device not named'}, {n} step{'s' if n != 1 else ''} from "
             f"{_FROM[summary.steps_from]}")
     if summary.outside_kernels:
         head += f"; {summary.outside_kernels} kernels outside any step (not counted)"

@@ -58,7 +58,7 @@ _PATTERNS: tuple[tuple[KernelClass, str], ...] = (
              r"triton_tem_|matmul"),
     # foreach/fused optimizers (multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata..., FusedAdamMathFunctor>)
     # and grad clipping's foreach norm; 'adam' but not Hadamard transforms
-    ("optimizer", r"multi_tensor|(?<!had)adam|lamb_|FusedOptimizer"),
+    ("optimizer", r"multi_tensor|(?<!h)adam|lamb_|FusedOptimizer"),
     # PyTorch's layer_norm kernels and GammaBetaBackward, RMSNorm, Apex/Megatron's cuApplyLayerNorm
     ("norm", r"layer_?norm|rms_?norm|GammaBeta|group_?norm|batch_?norm|cuApply\w*Norm|cuComputeGradInput|"
              r"cuComputePartGrad"),

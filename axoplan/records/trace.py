@@ -48,6 +48,7 @@ from axoplan.records.kernel_classes import KERNEL_CLASSES, KernelClass, kernel_c
 __all__ = ["ClassTime", "HostSyncs", "TraceStep", "KernelTotal", "OpShapes", "TraceSummary", "read_trace"]
 
 _CHUNK_CHARS = 1 << 20
+_CUT_CHARS = 16  # a JSON value cut by a chunk's end fails this close to the end (see _ChromeTraceStream._conclusive)
 _GZIP_MAGIC = b"\x1f\x8b"
 _STEP_MARKER = re.compile(r"^ProfilerStep#(\d+)$")
 _SYNC = re.compile(r"^(?:cuda|hip)(Stream|Device|Event)Synchronize$")
@@ -388,8 +389,7 @@ class _ChromeTraceStream:
                 yield from self._array(closing_optional=False)
             else:
                 self.meta[key] = self._value()
-            if self._peek() == ",":
-                self._pos += 1
+            self._after_value("}", False)
         if not found:
             keys = ", ".join(sorted(self.meta)[:6]) or "none"
             raise self._not_trace(f"a JSON object without a traceEvents list (its keys: {keys})")
@@ -406,8 +406,16 @@ class _ChromeTraceStream:
             event = self._value()
             if isinstance(event, dict):
                 yield event
-            if self._peek() == ",":
-                self._pos += 1
+            self._after_value("]", closing_optional)
+
+    def _after_value(self, closing: str, closing_optional: bool) -> None:
+        """Step over the ',' after a value; leave the closing bracket (or, where optional, the end) to the caller."""
+        c = self._peek()
+        if c == ",":
+            self._pos += 1
+        elif c != closing and not (c == "" and closing_optional):
+            where = self._read - len(self._buf) + self._pos
+            raise self._not_trace(f"not valid JSON at character {where} (expected ',' or {closing!r})")
 
     def _peek(self) -> str:
         """The next non-blank character ('' at the end of the file)."""
@@ -424,15 +432,21 @@ class _ChromeTraceStream:
             try:
                 value, end = self._decoder.raw_decode(self._buf, self._pos)
             except json.JSONDecodeError as err:
-                if err.pos < len(self._buf) - _CHUNK_CHARS or not self._fill():
-                    what = "its JSON ends early" if self._eof and err.pos >= len(self._buf) - 1 else "not valid JSON"
-                    raise self._not_trace(f"{what} ({err.msg} after {self._read - len(self._buf) + err.pos} "
-                                          f"characters)") from None
+                if self._conclusive(err):
+                    where = self._read - len(self._buf) + err.pos
+                    raise self._not_trace(f"not valid JSON at character {where} ({err.msg})") from None
+                if not self._fill():
+                    raise self._not_trace(f"its JSON ends early, after {self._read} characters (cut off?)") from None
                 continue
             if end >= len(self._buf) and self._fill():
                 continue  # a number cut at the chunk's end may go on in the next one
             self._pos = end
             return value
+
+    def _conclusive(self, err: json.JSONDecodeError) -> bool:
+        """Whether `err` shows bad JSON rather than a value the buffer cuts short: a cut value fails at the buffer's
+        last characters (a literal or a \\uXXXX escape cut after at most 12), or as a string not yet ended."""
+        return err.pos < len(self._buf) - _CUT_CHARS and not err.msg.startswith("Unterminated string")
 
     def _fill(self) -> bool:
         """Append the next chunk of text (dropping what was decoded); False at the end of the file."""
