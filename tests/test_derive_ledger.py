@@ -1,0 +1,42 @@
+"""The ledger tracer (``benchmarks/derive_ledger.py``) on plain PyTorch: CUDA autocast's fp32 list emulated on CPU,
+every aten op recorded, sizes read back as monomials. (Hugging Face models are traced by the same code where
+transformers is installed; the shipped ledgers record the versions that made them.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.derive_ledger import Recorder, _exponents, _monomial, cuda_autocast_on_cpu, op_class
+
+
+def test_pow_runs_in_fp32_under_emulated_cuda_autocast() -> None:
+    """CPU autocast leaves pow in bf16; CUDA's upcasts it (fp32 list), and so does the emulation, with the cast
+    as a real op that the recorder sees."""
+    x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.pow(x, 3.0).dtype == torch.bfloat16
+    rec = Recorder()
+    with cuda_autocast_on_cpu(), rec, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.pow(x, 3.0)
+    assert y.dtype == torch.float32
+    names = [op["op"] for op in rec.ops["rest_forward"]]
+    assert names[0] == "_to_copy.default" and names[1].startswith("pow.")
+    assert rec.ops["rest_forward"][0]["out"] == [(32, 4)]  # 4 x 8 elements, 4 bytes each
+
+
+def test_a_matmul_is_cast_to_bf16_and_recorded_as_a_gemm() -> None:
+    w = torch.randn(16, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    rec = Recorder()
+    with cuda_autocast_on_cpu(), rec, torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.nn.functional.linear(x, w).sum().backward()
+    classes = [op_class(op["op"]) for scope in rec.ops.values() for op in scope]
+    assert "gemm" in classes and "copy_cast" in classes
+
+
+def test_exponents_are_read_from_doubling() -> None:
+    assert _exponents(24, {"B": 48, "S": 96, "H": 24}, "x") == {"B": 1, "S": 2}
+    assert _monomial(24, {"B": 1, "S": 2}, {"B": 2, "S": 2}) == (3.0, {"B": 1, "S": 2})
+    with pytest.raises(SystemExit, match="not a power of two"):
+        _exponents(24, {"B": 72}, "x")

@@ -1,0 +1,202 @@
+"""The op ledger (issue 29) held against measured GPU profiles it was not fitted to, and its parts by hand.
+
+The profiles (``data/measured/gpu-h100-h200/profile-gpt2-*.jsonl``: Hugging Face GPT-2 1.3B, ``Trainer(bf16=True)``
+as ``profile.py`` runs it) are whole training steps measured on one H100 and one H200 on 2026-11-26. The ledger
+is traced from transformers' code on CPU and priced from the kernel micro-benchmarks only (``micro*.jsonl``,
+``benchmarks/kernel_constants.py``); no step time set any constant. One constant is not independent of these
+profiles: ``kernels.unaligned_gemm_efficiency`` (0.2) was read from the align1 LM-head kernels of the same GPT-2
+trace, so the GEMM class here checks it only in part (``docs/decisions.md``).
+
+Bounds are issue 29's: the step within 10 %, a class within 15 %, kernels within 20 %. The classes that miss
+their bound today are named in ``UNMET`` and asserted to stay within their measured miss, so that a change that
+makes them worse fails; the issue's note says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from axoplan.cost.ledger import attention_efficiency, ledger_family, load_ledger, price_ledger
+from axoplan.cost.model import predict
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "measured" / "gpu-h100-h200"
+
+GPT2_13B = ModelSpec(name="gpt2-1.3b", num_layers=24, hidden=2048, num_heads=16, ffn_hidden=8192, vocab=50257,
+                     ffn_kind="gelu", biases=True, tied_embeddings=True, max_positions=2048)
+
+# the profile's categories as the ledger's classes (profile.py's regexes put activation kernels and fills under
+# 'elementwise'; the issue counts element-wise with copy/cast as one class)
+CLASSES = {"gemm": ("gemm",), "elementwise+copy_cast": ("elementwise", "copy_cast", "activation", "memset"),
+           "attention": ("attention",), "norm": ("norm",), "loss": ("loss",), "optimizer": ("optimizer",),
+           "reduction": ("reduction",)}
+PROFILE_OF = {"gemm": ("gemm",), "elementwise+copy_cast": ("elementwise", "copy_cast"), "attention": ("attention",),
+              "norm": ("norm",), "loss": ("loss",), "optimizer": ("optimizer",), "reduction": ("reduce",)}
+
+# (machine, micro-batch, recompute) -> {class: the largest relative miss seen when this test was written}
+UNMET = {
+    ("dgx-h100", 4, False): {"norm": 0.17, "optimizer": 0.28},
+    ("dgx-h200", 4, False): {"norm": 0.27, "optimizer": 0.17},
+    ("dgx-h100", 8, True): {"norm": 0.23, "optimizer": 0.28, "attention": 0.18, "loss": 0.17,
+                            "reduction": 0.19},
+}
+
+
+def _profile(machine: str, micro_batch: int, recompute: bool) -> dict:
+    name = "h100" if machine == "dgx-h100" else "h200"
+    for line in (DATA / f"profile-gpt2-{name}.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["micro_batch"] == micro_batch and rec["grad_ckpt"] == recompute:
+            return rec
+    raise LookupError((machine, micro_batch, recompute))
+
+
+def _predicted(machine: str, micro_batch: int, recompute: bool) -> dict[str, float]:
+    options = RunOptions(global_batch=micro_batch, seq_len=2048, micro_batches=(micro_batch,),
+                         recompute="on" if recompute else "off", cache_weights="off", framework="hf-transformers")
+    c = Candidates.single(Layout(gx=1, gy=1, gz=1, gdata=1), micro_batch, recompute, False)
+    p = predict(GPT2_13B, load_machine(machine), options, c)
+    return {k: float(v[0]) for k, v in p.columns.items()}
+
+
+CASES = list(UNMET)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{m}-mb{b}{'-ckpt' if r else ''}" for m, b, r in CASES])
+def test_the_step_is_within_ten_percent_untuned(case: tuple[str, int, bool]) -> None:
+    measured = _profile(*case)["step_s_median"]
+    predicted = _predicted(*case)["t_step_s"]
+    assert abs(predicted / measured - 1.0) <= 0.10, (predicted, measured)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{m}-mb{b}{'-ckpt' if r else ''}" for m, b, r in CASES])
+def test_each_class_is_within_fifteen_percent_or_no_worse_than_recorded(case: tuple[str, int, bool]) -> None:
+    prof, cols = _profile(*case)["by_category"], _predicted(*case)
+    cols["t_class_optimizer_s"] = cols["t_optimizer_s"]
+    for cls, parts in CLASSES.items():
+        predicted = sum(cols.get(f"t_class_{p}_s", 0.0) for p in parts)
+        measured = sum(prof[p]["s"] for p in PROFILE_OF[cls] if p in prof)
+        bound = UNMET[case].get(cls, 0.15)
+        assert abs(predicted / measured - 1.0) <= bound, (cls, predicted, measured)
+
+
+def test_kernels_per_step_are_within_twenty_percent_and_gemms_exact() -> None:
+    """The ledger's kernels (views launch none) against the profile's: all within 20 %, and GEMM, norm and
+    reduction kernels one for one (291, 98 and 97 per step)."""
+    ledger = load_ledger("hf-autocast", "gpt2")
+    prof = _profile("dgx-h100", 4, False)
+
+    def count(cls: str) -> int:
+        return sum(op.count * (GPT2_13B.num_layers if scope.startswith("block") else 1)
+                   for scope, ops in ledger.scopes.items() for op in ops if op.op_class == cls)
+
+    assert count("gemm") == prof["by_category"]["gemm"]["kernels"] == 291
+    assert count("norm") == prof["by_category"]["norm"]["kernels"] == 98
+    assert count("reduction") == prof["by_category"]["reduce"]["kernels"] == 97
+    total = sum(count(cls) for cls in ("gemm", "attention", "norm", "activation", "elementwise", "copy_cast",
+                                       "reduction", "loss", "memset")) + ledger.optimizer_kernels
+    assert abs(total / prof["kernels_per_step"] - 1.0) <= 0.20
+
+
+def test_llama_keeps_what_saved_tensor_hooks_measured() -> None:
+    """Hugging Face's eager Llama under autocast keeps ``34·H + 8·F`` bytes per token and layer besides eager
+    attention's scores (issue 29's saved-tensor measurement: 40,720 B at a small shape against the formula's
+    40,704; SDPA keeps no scores), and a bf16 copy of every weight (2 B per parameter)."""
+    ledger = load_ledger("hf-autocast", "llama")
+    h, f, nh, kv, s, b = 4096, 14336, 32, 32, 2048, 1
+    sym = {"B": b, "S": s, "H": h, "NH": nh, "KV": kv, "F": f, "V": 128256}
+    per_token = sum(t.coef * math.prod(sym[k] ** e for k, e in t.exps)
+                    for t in ledger.saved["block_forward"] if not t.parameter_shaped) / (b * s)
+    assert abs(per_token / (34 * h + 8 * f) - 1.0) < 0.01
+    weights = sum(t.coef * math.prod(sym[k] ** e for k, e in t.exps)
+                  for t in ledger.saved["block_forward"] if t.parameter_shaped)
+    block_params = 4 * h * h + 3 * h * f  # q, k, v, o (kv heads = heads here) and the SwiGLU MLP
+    assert abs(weights / (2.0 * block_params) - 1.0) < 0.01
+
+
+def test_every_shipped_ledger_has_integer_monomials_and_known_classes() -> None:
+    for path in sorted((Path(__file__).resolve().parents[1] / "frameworks" / "ledgers").glob("*.json")):
+        name, _, family = path.stem.rpartition("-")
+        profile, family = (path.stem.split("-")[0] + "-" + path.stem.split("-")[1], path.stem.split("-", 2)[2])
+        ledger = load_ledger(profile, family)
+        assert ledger.made_by.startswith("python benchmarks/derive_ledger.py")
+        assert {"torch", "transformers"} <= set(ledger.versions)
+        for ops in ledger.scopes.values():
+            for op in ops:
+                assert op.op_class in {"gemm", "attention", "norm", "activation", "elementwise", "copy_cast",
+                                       "reduction", "loss", "memset", "optimizer", "view"}
+                assert op.count >= 1
+                assert all(isinstance(e, int) for t in op.read + op.write for _, e in t.exps)
+
+
+def test_attention_follows_its_backend_curve() -> None:
+    """At a measured length the curve's own value; between two, log-linear; without a curve, the flat figure."""
+    h100 = load_machine("dgx-h100")
+    curve = h100.kernels.attention["cudnn"] if h100.kernels else None
+    assert curve is not None
+    assert attention_efficiency(h100, None, 2048) == pytest.approx(curve.efficiency[1])
+    mid = attention_efficiency(h100, "flash", int(2 ** 11.5))
+    flash = h100.kernels.attention["flash"] if h100.kernels else None
+    assert flash is not None and mid == pytest.approx((flash.efficiency[1] + flash.efficiency[2]) / 2, rel=1e-3)
+    assert attention_efficiency(h100, "cudnn", 1 << 20) == pytest.approx(curve.efficiency[-1])
+    a100 = load_machine("dgx-a100")
+    assert attention_efficiency(a100, None, 2048) == a100.attention_efficiency
+
+
+def test_a_parameter_shaped_tensor_is_the_gpus_block() -> None:
+    """Autocast's weight casts shrink with Gx·Gy; the activations' ops do not (the hf path's full width: a norm
+    differs only by its H-sized weight and bias, parameter-shaped)."""
+    ledger = load_ledger("hf-autocast", "gpt2")
+    h100 = load_machine("dgx-h100")
+    one = price_ledger(ledger, h100, GPT2_13B, 2048, Candidates.single(Layout(1, 1, 1, 1), 1, False, False))
+    four = price_ledger(ledger, h100, GPT2_13B, 2048, Candidates.single(Layout(2, 2, 1, 1), 1, False, False))
+    norm_one, norm_four = (float(x.class_s("norm", "block_forward")[0]) for x in (one, four))
+    assert norm_four == pytest.approx(norm_one, rel=1e-3)
+    assert float(four.class_s("copy_cast", "block_forward")[0]) < float(one.class_s("copy_cast", "block_forward")[0])
+
+
+def test_family_by_config_then_by_mlp() -> None:
+    assert ledger_family(GPT2_13B) == "gpt2"
+    swiglu = GPT2_13B.model_copy(update={"ffn_kind": "swiglu"})
+    assert ledger_family(swiglu) == "llama"
+
+
+def test_explain_shows_the_ledger_through_the_cli(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 2048, "n_layer": 24, "n_head": 16, "n_inner": 8192,
+                                  "n_positions": 2048, "vocab_size": 50257, "activation_function": "gelu_new"}))
+    done = subprocess.run([sys.executable, "-m", "axoplan", "explain", "--model", str(config), "--gpus", "1",
+                           "--machine", "dgx-h100",
+                           "--framework", "hf-transformers", "--global-batch", "4", "--micro-batch", "4",
+                           "--recompute", "off", "--layout", "1x1x1x1"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Op ledger by class" in done.stdout
+    rows = {line.split()[0]: float(line.split()[1]) for line in done.stdout.splitlines()
+            if line.split() and line.split()[0] in ("gemm", "copy_cast", "elementwise", "loss")}
+    assert rows["gemm"] > rows["copy_cast"] > rows["loss"] > 0  # the step's order of magnitude, as measured
+    measured = _profile("dgx-h100", 4, False)["step_s_median"]
+    step = float(done.stdout.split("predicted ")[1].split()[0])
+    assert abs(step / measured - 1.0) <= 0.10
+
+
+def test_unaligned_vocabulary_runs_slower_only_where_a_device_measured_it() -> None:
+    from axoplan.cost.compute import gemm_s
+
+    h100, a100 = load_machine("dgx-h100"), load_machine("dgx-a100")
+    m, k = np.array([8192.0]), np.array([2048.0])
+    ratio = gemm_s(h100, m, np.array([50257.0]), k) / gemm_s(h100, m, np.array([50264.0]), k)
+    assert ratio[0] > 4.0  # 1/0.2 on the compute, the shapes otherwise equal
+    ratio_a100 = gemm_s(a100, m, np.array([50257.0]), k) / gemm_s(a100, m, np.array([50264.0]), k)
+    assert ratio_a100[0] < 1.01
