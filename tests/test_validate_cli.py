@@ -57,6 +57,8 @@ def test_validate_the_vtrain_data_through_the_entry_point() -> None:
     assert f"MAPE {s.mape_pct:.1f}%" in r.stdout and "over 720 plans (720 runs)" in r.stdout
     assert "within 120 scenarios" in r.stdout
     assert "vtrain_a100_single_node_pp1.csv:" not in r.stdout.split("MAPE")[0]  # no per-run rows
+    assert "per scenario (120 of two or more plans): " in r.stdout and "  scenario " not in r.stdout
+    assert len(r.stdout.splitlines()) <= 14  # a summary (120 per-scenario coverage lines before issue 30)
 
 
 def test_validate_errors_are_one_line(runs_file: Path, tmp_path: Path) -> None:
@@ -88,6 +90,7 @@ def test_calibrate_writes_a_yaml_that_rank_accepts(tmp_path: Path) -> None:
                 "--no-prior")  # plain least squares recovers the truth exactly from noise-free runs
     assert r.returncode == 0, r.stderr
     assert "held out (" in r.stdout and f"wrote {out}" in r.stdout
+    assert "recommended: on the 104 held-out plans the calibrated machine is better (MAPE " in r.stdout
     text = out.read_text()
     assert text.startswith("# Calibrated by `axoplan calibrate` on ")
     assert "held out (25%, seed 3)" in text
@@ -154,3 +157,91 @@ def test_validate_predicts_a_plan_in_its_own_tensor_parallel_order(tmp_path: Pat
     assert r.returncode == 0, r.stderr
     predicted = [rec["predicted_s"] for rec in json.loads(table.read_text())]
     assert predicted == [pytest.approx(zxy, abs=5e-5), pytest.approx(xyz, abs=5e-5)]
+
+
+def test_a_calibration_worse_on_held_out_plans_is_not_recommended_nor_written(tmp_path: Path) -> None:
+    """Issue 30 item 6. The fitted plans were measured 2x faster than perlmutter predicts, the held-out
+    plans exactly as it predicts (held-out MAPE 0 %): any fit towards the fitted plans makes the held-out
+    error worse, so calibrate says so, writes nothing and exits 2; --even-if-worse writes it, marked."""
+    from axoplan.validate.calibrate import split_holdout
+
+    machine = load_machine("perlmutter")
+    plans = small_plans(worlds=(4, 8), micro_batches=(1, 2), recompute=(False,))
+    _, hold = split_holdout(len(plans), 0.25, 3)
+    factors = [1.0 if i in set(hold.tolist()) else 0.5 for i in range(len(plans))]
+    runs = write_jsonl(tmp_path / "runs.jsonl", synthetic_runs(plans, machine, factors))
+    out = tmp_path / "worse.yaml"
+    args = ("calibrate", str(runs), "--machine", "perlmutter", "-o", str(out), "--holdout", "0.25", "--seed", "3",
+            "--params", "gemm.max_efficiency")
+    refused = run_cli(*args)
+    _one_error_line(refused, f"worse on the {len(hold)} held-out plans than perlmutter (MAPE 0.0% -> ",
+                    "keep --machine perlmutter", "not written (--even-if-worse writes it)")
+    assert "not recommended" in refused.stdout and not out.exists()
+    written = run_cli(*args, "--even-if-worse")
+    assert written.returncode == 0, written.stderr
+    assert "# NOT RECOMMENDED: worse than the original on the held-out plans" in out.read_text()
+    assert load_machine(str(out)).gemm.max_efficiency > machine.gemm.max_efficiency  # moved towards the 2x runs
+
+
+@pytest.mark.slow
+def test_calibrate_on_vtrain_says_whether_the_held_out_plans_got_worse(tmp_path: Path) -> None:
+    """The vTrain case of issue 30 (2026-11-26: held-out MAPE 8.1 % untuned -> 8.5 % calibrated, 216 plans,
+    30 % by seed 0): the verdict follows the printed held-out figures, and a worse machine is not written."""
+    out = tmp_path / "a100.yaml"
+    r = run_cli("calibrate", str(VTRAIN), "--machine", "dgx-a100", "-o", str(out), "--holdout", "0.3", "--seed", "0")
+    held = next(line for line in r.stdout.splitlines() if line.startswith("held out (216)")).split()
+    before, after = float(held[3].rstrip("%")), float(held[4].rstrip("%"))
+    if after > before:
+        _one_error_line(r, f"worse on the 216 held-out plans than dgx-a100 (MAPE {before:.1f}% -> {after:.1f}%)")
+        assert not out.exists()
+    else:
+        assert r.returncode == 0 and "recommended: on the 216 held-out plans" in r.stdout and out.exists()
+
+
+SHIPPED_RUNS = {
+    "vtrain_a100_single_node_pp1.csv": {"dgx-a100": 720},
+    "llm-foundry/runs-a100.csv": {"dgx-a100-80gb": 61, "dgx-a100": 78},
+    "cpu-gloo/runs.jsonl": {"local-cpu": 30},
+    "gpu-h100-h200/axoplan-measure-gpu-h100/runs.jsonl": {"dgx-h100": 2},
+}
+"""Every measured-run file shipped in data/measured/, with its plans per machine (the data sets' READMEs)."""
+
+
+def test_every_shipped_runs_file_is_listed_above() -> None:
+    """A file under data/measured/ that load_runs reads is a data set and must validate as shipped (below);
+    the rest (nccl-tests sweeps, kernel micro-benchmarks, profiles) are refused as runs."""
+    from axoplan.errors import AxoplanError
+
+    measured = REPO / "data" / "measured"
+    readable = set()
+    for path in sorted([*measured.rglob("*.csv"), *measured.rglob("*.jsonl")]):
+        try:
+            load_runs([path])
+        except AxoplanError:
+            continue
+        readable.add(path.relative_to(measured).as_posix())
+    assert readable == set(SHIPPED_RUNS)
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED_RUNS if n != "vtrain_a100_single_node_pp1.csv"])
+def test_every_shipped_data_set_validates_as_shipped(name: str) -> None:
+    """Issue 30 item 4: `axoplan validate FILE --summary-only` with no --machine, a section per machine
+    (vTrain: test_validate_the_vtrain_data_through_the_entry_point)."""
+    r = run_cli("validate", str(REPO / "data" / "measured" / name), "--summary-only")
+    assert r.returncode == 0, r.stderr
+    machines = SHIPPED_RUNS[name]
+    for i, (machine, plans) in enumerate(machines.items(), start=1):
+        assert f"{plans} plans measured on {machine} (" in r.stdout
+        assert (f"== {machine} ({i} of {len(machines)} machines) ==" in r.stdout) == (len(machines) > 1)
+    assert r.stdout.count("\nMAPE ") == r.stdout.count("interval coverage: ") == len(machines)
+    assert len(r.stdout.splitlines()) <= 14 * len(machines)  # a summary: no per-plan or per-scenario rows
+
+
+def test_machine_picks_one_machine_of_a_file_and_notes_the_rest(tmp_path: Path) -> None:
+    r = run_cli("validate", str(REPO / "data" / "measured" / "llm-foundry" / "runs-a100.csv"), "--machine",
+                "dgx-a100-80gb", "--summary-only", "--out", str(tmp_path / "t.csv"))
+    assert r.returncode == 0, r.stderr
+    assert "61 plans measured on dgx-a100-80gb" in r.stdout and "dgx-a100 (" not in r.stdout
+    assert ("note: skipped 78 runs recorded on dgx-a100 (not dgx-a100-80gb); give --machine dgx-a100 for those, "
+            "or no --machine for every machine") in r.stderr
+    assert set(pd.read_csv(tmp_path / "t.csv")["machine"]) == {"dgx-a100-80gb"}

@@ -14,10 +14,12 @@ from axoplan.space.layout import Layout
 from axoplan.validate.records import (
     CSV_REQUIRED,
     Measured,
+    by_machine,
     check_machine,
     load_runs,
     machine_matches,
-    recorded_machine,
+    runs_of_machine,
+    skipped_note,
 )
 from tests.conftest import REPO
 from tests.validate_helpers import small_plans, synthetic_runs, theory_machine, write_jsonl
@@ -173,12 +175,42 @@ def test_a_calibrated_copy_matches_the_runs_of_its_machine() -> None:
     assert not machine_matches("frontier", perlmutter, "perlmutter")
 
 
-def test_recorded_machine_wants_one_machine() -> None:
+def test_runs_are_grouped_by_the_machine_they_were_recorded_on() -> None:
+    """Issue 30 item 4: a file of several machines is one group per machine (a YAML path by its stem), and
+    --machine keeps its own runs and names the rest in one note; none of its own is still an error."""
     a = small_plans(worlds=(4,), micro_batches=(1,), recompute=(False,))[0]
     b = a.model_copy(update={"machine": "frontier"})
-    assert recorded_machine([Measured(a, 1.0, "x:1")]) == "perlmutter"
-    with pytest.raises(AxoplanError, match=r"several machines \(frontier, perlmutter\)"):
-        recorded_machine([Measured(a, 1.0, "x:1"), Measured(b, 1.0, "x:2")])
+    c = a.model_copy(update={"machine": "/calibrated/perlmutter.yaml"})
+    runs = [Measured(a, 1.0, "x:1"), Measured(b, 1.0, "x:2"), Measured(c, 1.0, "x:3")]
+    groups = by_machine(runs)
+    assert list(groups) == ["perlmutter", "frontier"] and [r.where for r in groups["perlmutter"]] == ["x:1", "x:3"]
+    perlmutter = load_machine("perlmutter")
+    kept, skipped = runs_of_machine(runs, perlmutter, "perlmutter")
+    assert [r.where for r in kept] == ["x:1", "x:3"] and [r.where for r in skipped] == ["x:2"]
+    assert skipped_note(skipped, perlmutter) == ("note: skipped 1 run recorded on frontier (not perlmutter); give "
+                                                 "--machine frontier for those, or no --machine for every machine")
+    with pytest.raises(AxoplanError, match=r"x:2: run was recorded on machine 'frontier', not 'perlmutter'"):
+        runs_of_machine([runs[1]], perlmutter, "perlmutter")
+
+
+def test_a_launch_config_given_as_runs_says_how_to_measure_it(tmp_path: Path) -> None:
+    """Issue 30 item 7: `validate plan.json` pointed at JSON syntax; a plan is named as one, with the run
+    that makes its records, and any other single JSON document is named as not records one per line."""
+    plan = small_plans(worlds=(4,), micro_batches=(1,), recompute=(False,))[0]
+    folder = tmp_path / "01-x1-y2-z1-d2"
+    folder.mkdir()
+    path = folder / "plan.json"
+    path.write_text(plan.model_dump_json(indent=2) + "\n")
+    with pytest.raises(AxoplanError, match=rf"^{path} is a launch config \(a plan\), not measured runs: `axoplan "
+                                           rf"run {path}` times it and appends its record to {folder}/runs.jsonl"):
+        load_runs([path])
+    path.write_text(plan.model_dump_json() + "\n")  # on one line too
+    with pytest.raises(AxoplanError, match=r"is a launch config \(a plan\)"):
+        load_runs([path])
+    other = tmp_path / "list.json"
+    other.write_text("[1, 2]\n")
+    with pytest.raises(AxoplanError, match=r"list.json holds one JSON array, not measured-run records one per line"):
+        load_runs([other])
 
 
 def test_comment_lines_and_a_byte_order_mark_before_the_header_are_read(tmp_path: Path) -> None:

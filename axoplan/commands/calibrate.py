@@ -50,6 +50,9 @@ def calibrate(
         "--prior/--no-prior", help="Keep each parameter near its sourced value unless the runs outweigh its "
                                    "prior spread (maximum a posteriori); --no-prior: plain least squares.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
+    even_if_worse: Annotated[bool, typer.Option(
+        "--even-if-worse", help="Write --output even when the calibrated machine is worse than the original on "
+                                "the held-out plans (refused by default; its header then says so).")] = False,
 ) -> None:
     """Fit a machine's efficiencies and latencies to measured runs; write a calibrated YAML.
 
@@ -57,8 +60,11 @@ def calibrate(
     efficiency and latency and the host's cost per op (those the runs constrain), with each
     parameter's prior (its sourced range or how it is sourced) as extra residuals unless
     --no-prior. The plans are split by --seed into a fitted part and a held-out part
-    (--holdout); the error before and after the fit is printed for both. The YAML keeps the
-    original's comments, marks the fitted lines and records the fit in a header.
+    (--holdout); the error before and after the fit is printed for both. Where the calibrated
+    machine is worse on the held-out plans it is not recommended and not written (exit 2)
+    unless --even-if-worse. A file holding runs of several machines is fitted on the runs of
+    --machine; the others are skipped with a note. The YAML keeps the original's comments,
+    marks the fitted lines and records the fit in a header.
     """
     import sys
     import time
@@ -68,16 +74,17 @@ def calibrate(
     from axoplan.fileio import check_writable, write_text_atomic
     from axoplan.inputs.machine import load_machine, machines_dir
     from axoplan.validate.calibrate import calibrate as fit
-    from axoplan.validate.records import check_machine, load_runs
-    from axoplan.validate.report import calibration_header, format_calibration
+    from axoplan.validate.records import load_runs, runs_of_machine, skipped_note
+    from axoplan.validate.report import calibration_header, calibration_verdict, format_calibration
     from axoplan.validate.yamledit import machine_yaml
 
     if output.suffix not in {".yaml", ".yml"}:
         raise AxoplanError(f"-o {output} must end in .yaml or .yml")
     check_writable(output, force)
-    measured = load_runs(runs)
     mach = load_machine(machine)
-    check_machine(measured, mach, machine)
+    measured, skipped = runs_of_machine(load_runs(runs), mach, machine)
+    if skipped:
+        typer.echo(skipped_note(skipped, mach), err=True)
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     interactive = sys.stderr.isatty()  # progress for a person at a terminal; logs keep one-line errors
     if interactive:
@@ -88,6 +95,9 @@ def calibrate(
     result = fit(measured, mach, names, holdout, seed, top_k, holdout_by=_holdout_by(holdout_by), prior=prior)
     if interactive:
         typer.echo(f"fitted in {time.perf_counter() - started:.1f} s", err=True)
+    if result.worse_on_holdout and not even_if_worse:
+        typer.echo(format_calibration(result))
+        raise AxoplanError(f"{calibration_verdict(result)}; {output} not written (--even-if-worse writes it)")
     source = _yaml_path(machine)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     shipped = source.resolve().parent == machines_dir().resolve()

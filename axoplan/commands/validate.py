@@ -2,6 +2,7 @@
 
     axoplan validate runs.jsonl
     axoplan validate data/measured/vtrain_a100_single_node_pp1.csv --machine dgx-a100 --plots figs/
+    axoplan validate data/measured/llm-foundry/runs-a100.csv --summary-only     # two machines, two sections
 
 Only typer and the standard library are imported here; the work is imported when the
 command runs, so `axoplan --help` stays fast.
@@ -14,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["validate", "resolve_machine"]
+__all__ = ["validate", "resolve_machine", "machine_sections"]
 
 RunsArg = Annotated[list[Path], typer.Argument(
     help="Measured runs: the executor's .jsonl records, an axoplan measured-run .csv, or the vTrain A100 .csv "
@@ -24,8 +25,9 @@ RunsArg = Annotated[list[Path], typer.Argument(
 def validate(
     runs: RunsArg,
     machine: Annotated[str | None, typer.Option(
-        "--machine", help="Machine to predict on (name or YAML, e.g. a calibrated one); default: the machine "
-                          "the runs were recorded on.", show_default=False)] = None,
+        "--machine", help="Machine to predict on (name or YAML, e.g. a calibrated one); runs recorded on other "
+                          "machines are skipped with a note. Default: each machine the runs were recorded on, "
+                          "a section per machine.", show_default=False)] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Is the measured best in the predicted "
                                                                      "top K of its scenario?")] = 3,
     plots: Annotated[Path | None, typer.Option(
@@ -33,7 +35,9 @@ def validate(
         show_default=False)] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the per-plan table to this .csv or "
                                              ".json file.", show_default=False)] = None,
-    summary_only: Annotated[bool, typer.Option("--summary-only", help="Print only the summary.")] = False,
+    summary_only: Annotated[bool, typer.Option(
+        "--summary-only", help="Print only the summary: a few lines per machine, no per-plan or per-scenario "
+                               "rows.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing --out and figure files.")] = False,
     any_device: Annotated[bool, typer.Option(
         "--any-device", help="Compare runs measured on another kind of device too (a CPU rehearsal of a GPU "
@@ -44,12 +48,15 @@ def validate(
     Prints each plan's measured and predicted time and error, then the mean absolute
     percentage error, the worst case, Kendall tau and Spearman rho of the ordering, and
     per scenario (same model, batch and GPU count) whether the measured best layout is in
-    the predicted top K.
+    the predicted top K. A file holding runs of several machines is reported a section per
+    machine; --machine picks one.
     """
     from axoplan.errors import AxoplanError
     from axoplan.fileio import check_writable
+    from axoplan.validate.compare import aggregate
     from axoplan.validate.compare import validate as compare
-    from axoplan.validate.records import check_machine, load_runs, recorded_machine
+    from axoplan.validate.coverage import coverage, format_coverage
+    from axoplan.validate.records import load_runs
     from axoplan.validate.report import format_validation
 
     if out is not None and out.suffix not in {".csv", ".json"}:
@@ -58,20 +65,35 @@ def validate(
         check_writable(out, force, "--out")
     if plots is not None and plots.exists() and not plots.is_dir():
         raise AxoplanError(f"--plots {plots} is a file; give a folder")
-    measured = load_runs(runs)
-    ref = machine or recorded_machine(measured)
-    mach = resolve_machine(ref)
-    check_machine(measured, mach, ref, any_device=any_device)
-    result = compare(measured, mach, top_k)
+    sections = machine_sections(load_runs(runs), machine, any_device)
+    results = [compare(measured, mach, top_k) for mach, measured in sections]
     if out is not None:
-        _write_table(result.table, out, force)
+        _write_table([r.table for r in results], out, force)
     if plots is not None:
-        _write_plots(result, plots, force)
-    typer.echo(format_validation(result, rows=not summary_only))
-    from axoplan.validate.compare import aggregate
-    from axoplan.validate.coverage import coverage, format_coverage
+        _write_plots(results, plots, force)
+    for i, ((mach, measured), result) in enumerate(zip(sections, results, strict=True)):
+        if len(sections) > 1:
+            typer.echo(("\n" if i else "") + f"== {mach.name} ({i + 1} of {len(sections)} machines) ==\n")
+        typer.echo(format_validation(result, rows=not summary_only))
+        typer.echo(format_coverage(coverage(aggregate(measured), mach, 0.8), per_scenario=not summary_only))
 
-    typer.echo(format_coverage(coverage(aggregate(measured), mach, 0.8)))
+
+def machine_sections(measured: list[Any], machine: str | None, any_device: bool) -> list[tuple[Any, list[Any]]]:
+    """(machine, its runs) per machine to report: the one `--machine` names, the runs of other machines
+    skipped with a one-line note; without it, every machine the runs were recorded on, in file order."""
+    from axoplan.validate.records import by_machine, runs_of_machine, skipped_note
+
+    if machine is not None:
+        mach = resolve_machine(machine)
+        kept, skipped = runs_of_machine(measured, mach, machine, any_device)
+        if skipped:
+            typer.echo(skipped_note(skipped, mach), err=True)
+        return [(mach, kept)]
+    sections = []
+    for name, group in by_machine(measured).items():
+        mach = resolve_machine(group[0].plan.machine)
+        sections.append((mach, runs_of_machine(group, mach, name, any_device)[0]))
+    return sections
 
 
 def resolve_machine(ref: str) -> Any:
@@ -91,15 +113,19 @@ def resolve_machine(ref: str) -> Any:
         raise AxoplanError(f"machine of the runs: {err}") from None
 
 
-def _write_table(table: Any, out: Path, force: bool) -> None:
+def _write_table(tables: list[Any], out: Path, force: bool) -> None:
+    import pandas as pd
+
     from axoplan.fileio import write_text_atomic
 
+    table = pd.concat(tables, ignore_index=True)
     text = table.to_json(orient="records", indent=1) + "\n" if out.suffix == ".json" else table.to_csv(index=False)
     write_text_atomic(out, text, force=force)
     typer.echo(f"wrote the per-plan table to {out}", err=True)
 
 
-def _write_plots(result: Any, folder: Path, force: bool) -> None:
+def _write_plots(results: list[Any], folder: Path, force: bool) -> None:
+    """Each machine's figures; with several machines each name ends in ``-<machine>``."""
     from axoplan.errors import AxoplanError
     from axoplan.fileio import make_folder
     from axoplan.validate import plots
@@ -107,10 +133,17 @@ def _write_plots(result: Any, folder: Path, force: bool) -> None:
     if folder.exists() and not folder.is_dir():
         raise AxoplanError(f"--plots {folder} is a file; give a folder")
     make_folder(folder, "--plots")
-    figures = {"predicted_vs_measured": plots.predicted_vs_measured(result.table, f"{result.machine.name}: "
-                                                                    "predicted vs measured"),
-               "breakdown": plots.breakdown(result.table)}
-    for name, fig in figures.items():
-        for suffix in (".png", ".svg"):
-            plots.save_figure(fig, folder / f"{name}{suffix}", force=force)
-    typer.echo(f"wrote {', '.join(f'{n}.png/.svg' for n in figures)} to {folder}", err=True)
+    names: list[str] = []
+    for result in results:
+        tag = f"-{result.machine.name}" if len(results) > 1 else ""
+        figures = {f"predicted_vs_measured{tag}": plots.predicted_vs_measured(
+                       result.table, f"{result.machine.name}: predicted vs measured"),
+                   f"breakdown{tag}": plots.breakdown(result.table)}
+        for name in figures:
+            for suffix in (".png", ".svg"):
+                plots.check_figure_path(folder / f"{name}{suffix}", force)
+        for name, fig in figures.items():
+            for suffix in (".png", ".svg"):
+                plots.save_figure(fig, folder / f"{name}{suffix}", force=force)
+        names += figures
+    typer.echo(f"wrote {', '.join(f'{n}.png/.svg' for n in names)} to {folder}", err=True)

@@ -93,6 +93,16 @@ class Calibration:
     holdout_fraction: float
     seed: int
 
+    @property
+    def worse_on_holdout(self) -> bool | None:
+        """Whether the calibrated machine's MAPE on the held-out plans is above the original's
+        (None when nothing was held out: the fitted plans alone cannot tell). The held-out MAPE
+        decides because it is the error a user of the calibrated machine meets on plans it never
+        saw; a fit that lowers it while the ordering (tau) worsens is still reported in the table."""
+        if self.holdout_before is None or self.holdout_after is None:
+            return None
+        return self.holdout_after.mape_pct > self.holdout_before.mape_pct
+
 
 def _by_path(names: Sequence[str] | None) -> list[Parameter]:
     known = {p.path: p for p in PARAMETERS}

@@ -93,9 +93,16 @@ def _summary(plans: Sequence[PlanRuns], inside: np.ndarray, level: float) -> Cov
     return Coverage(level, len(plans), float(inside.mean()) if len(plans) else float("nan"), tuple(per), inside)
 
 
-def format_coverage(c: Coverage) -> str:
-    """Overall and per-scenario coverage next to the nominal level, as text."""
+def format_coverage(c: Coverage, per_scenario: bool = True) -> str:
+    """Overall coverage next to the nominal level, then each scenario's (`per_scenario`) or, in
+    a summary, one line with the range over the scenarios of two or more plans."""
     lines = [f"\ninterval coverage: {c.covered:.0%} of {plural(c.plans, 'plan')} inside their predicted "
              f"{c.level:.0%} interval (nominal {c.level:.0%}; docs/uncertainty.md)"]
-    lines += [f"  scenario {key}: {share:.0%} of {n}" for key, n, share in c.per_scenario]
+    if per_scenario:
+        lines += [f"  scenario {key}: {share:.0%} of {n}" for key, n, share in c.per_scenario]
+        return "\n".join(lines)
+    shares = [share for _, n, share in c.per_scenario if n >= 2]
+    if shares:
+        lines.append(f"  per scenario ({len(shares)} of two or more plans): {min(shares):.0%} to {max(shares):.0%}, "
+                     f"median {float(np.median(shares)):.0%}; without --summary-only each is listed")
     return "\n".join(lines)

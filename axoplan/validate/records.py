@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import csv
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,9 @@ from axoplan.records.runs import read_runs
 from axoplan.report import plural
 from axoplan.space.layout import Layout
 
-__all__ = ["Measured", "load_runs", "machine_matches", "check_machine", "vtrain_plan", "CSV_REQUIRED",
-           "CSV_OPTIONAL", "VTRAIN_COLUMNS", "VTRAIN_MACHINE"]
+__all__ = ["Measured", "load_runs", "machine_matches", "check_machine", "runs_of_machine", "skipped_note",
+           "by_machine", "recorded_name", "vtrain_plan", "CSV_REQUIRED", "CSV_OPTIONAL", "VTRAIN_COLUMNS",
+           "VTRAIN_MACHINE"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +112,29 @@ EXECUTOR_FRAMEWORK = "axoplan-executor"
 
 
 def _read_jsonl(path: Path) -> list[Measured]:
-    numbers = [n for n, line in enumerate(read_text(path, "runs file").splitlines(), start=1) if line.strip()]
+    text = read_text(path, "runs file")
+    _refuse_one_document(path, text)
+    numbers = [n for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     return [Measured(_as_executed(r.plan), r.t_step_s, f"{path}:{n}", r.t_step_std_s, dict(r.phase_s), r.backend)
             for n, r in zip(numbers, read_runs(path), strict=True)]
+
+
+def _refuse_one_document(path: Path, text: str) -> None:
+    """Refuse a file that is one JSON document rather than records one per line: a launch config
+    (``plan.json``, which `axoplan run` times into ``runs.jsonl`` beside it) or any other JSON."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return  # JSON lines, or broken: the record reader names the line
+    if isinstance(doc, dict) and "t_step_s" in doc:
+        return  # a file of one record
+    runs = path.parent / "runs.jsonl"
+    if isinstance(doc, dict) and {"plan_id", "layout", "axonn_init"} <= doc.keys():
+        raise AxoplanError(f"{path} is a launch config (a plan), not measured runs: `axoplan run {path}` times "
+                           f"it and appends its record to {runs}; validate that file")
+    kind = "object" if isinstance(doc, dict) else "array" if isinstance(doc, list) else "value"
+    raise AxoplanError(f"{path} holds one JSON {kind}, not measured-run records one per line "
+                       "(the executor's runs.jsonl, or a .csv; docs/validate.md)")
 
 
 def _as_executed(plan: LaunchConfig) -> LaunchConfig:
@@ -326,17 +348,47 @@ def machine_matches(recorded: str, machine: Machine, reference: str) -> bool:
     return recorded in names or Path(recorded).stem in names
 
 
+def _belongs(run: Measured, machine: Machine, reference: str) -> bool:
+    """A run of `machine`, or a CPU rehearsal of another machine's plan (backend gloo) when `machine` is a
+    CPU machine: it ran there, whatever machine its plan was made for."""
+    rehearsal = _BACKEND_KIND.get(run.backend) == "cpu" == machine.device.kind
+    return rehearsal or machine_matches(run.plan.machine, machine, reference)
+
+
+def _wrong_machine(run: Measured, machine: Machine) -> AxoplanError:
+    return AxoplanError(f"{run.where}: run was recorded on machine {run.plan.machine!r}, not {machine.name!r}; "
+                        "validate or calibrate each machine with its own runs")
+
+
 def check_machine(runs: Sequence[Measured], machine: Machine, reference: str, any_device: bool = False) -> None:
     """Refuse runs recorded on another machine than `machine` (name them, with their line), or on another
-    kind of device unless `any_device`. A CPU rehearsal of another machine's plan (backend gloo) belongs
-    to a CPU machine: it ran there, whatever machine its plan was made for."""
+    kind of device unless `any_device`."""
     for run in runs:
-        rehearsal = _BACKEND_KIND.get(run.backend) == "cpu" == machine.device.kind  # a GPU plan run on CPU ranks
-        if not machine_matches(run.plan.machine, machine, reference) and not rehearsal:
-            raise AxoplanError(f"{run.where}: run was recorded on machine {run.plan.machine!r}, not "
-                               f"{machine.name!r}; validate or calibrate each machine with its own runs")
+        if not _belongs(run, machine, reference):
+            raise _wrong_machine(run, machine)
     if not any_device:
         check_device_kind(runs, machine)
+
+
+def runs_of_machine(runs: Sequence[Measured], machine: Machine, reference: str,
+                    any_device: bool = False) -> tuple[list[Measured], list[Measured]]:
+    """(the runs of `machine`, the runs of other machines), for a file that holds several machines
+    (``--machine`` picks one). An error when none is of `machine`, or when its runs ran on another
+    kind of device (unless `any_device`)."""
+    kept = [r for r in runs if _belongs(r, machine, reference)]
+    if not kept:
+        raise _wrong_machine(runs[0], machine)
+    if not any_device:
+        check_device_kind(kept, machine)
+    return kept, [r for r in runs if not _belongs(r, machine, reference)]
+
+
+def skipped_note(skipped: Sequence[Measured], machine: Machine) -> str:
+    """One line naming the machines whose runs `--machine` left out, and how to validate them."""
+    names = list(by_machine(skipped))
+    return (f"note: skipped {plural(len(skipped), 'run')} recorded on {', '.join(names)} (not {machine.name}); "
+            f"give --machine {names[0]} for {'those' if len(names) == 1 else 'each'}, or no --machine for "
+            "every machine")
 
 
 _BACKEND_KIND = {"nccl": "gpu", "rccl": "gpu", "gloo": "cpu"}  # what torch.distributed ran on; others: unknown
@@ -359,11 +411,14 @@ def check_device_kind(runs: Sequence[Measured], machine: Machine) -> None:
                            f"{other}, or pass --any-device to compare anyway")
 
 
-def recorded_machine(runs: Sequence[Measured]) -> str:
-    """The one machine all `runs` were recorded on (an error if they name several)."""
-    names = sorted({Path(r.plan.machine).stem if r.plan.machine.endswith((".yaml", ".yml")) else r.plan.machine
-                    for r in runs})
-    if len(names) > 1:
-        raise AxoplanError(f"the runs come from several machines ({', '.join(names)}); pass --machine, or give "
-                           "one machine's runs at a time")
-    return runs[0].plan.machine
+def recorded_name(machine: str) -> str:
+    """A run's machine as recorded: its name, or the stem of the YAML path it was recorded with."""
+    return Path(machine).stem if machine.endswith((".yaml", ".yml")) else machine
+
+
+def by_machine(runs: Sequence[Measured]) -> dict[str, list[Measured]]:
+    """`runs` grouped by the machine they were recorded on, in order of first appearance."""
+    out: dict[str, list[Measured]] = {}
+    for run in runs:
+        out.setdefault(recorded_name(run.plan.machine), []).append(run)
+    return out

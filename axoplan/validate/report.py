@@ -10,9 +10,10 @@ import pandas as pd
 
 from axoplan.report import plural, text_table, wrap
 from axoplan.validate.calibrate import Calibration
-from axoplan.validate.compare import Summary, Validation
+from axoplan.validate.compare import Summary, Validation, summarize
 
-__all__ = ["format_validation", "format_summary", "format_calibration", "calibration_header", "table_rows"]
+__all__ = ["format_validation", "format_summary", "format_calibration", "calibration_verdict", "calibration_header",
+           "table_rows"]
 
 
 def _pct(value: float) -> str:
@@ -62,12 +63,25 @@ def format_validation(v: Validation, rows: bool = True) -> str:
     m = v.machine
     head = (f"{plural(len(v.table), 'plan')} measured on {m.name} ({m.devices_per_node} x {m.device.name}), "
             "predicted by axoplan")
-    parts = [head]
+    parts = [head + _by_source(v.table)]
     if rows:
         headers, cells = table_rows(v.table)
         parts.append(text_table(headers, cells, [False, True, False, True, False, True, True, True, True, True]))
     parts.append(format_summary(v.summary))
     return "\n\n".join(parts)
+
+
+def _by_source(table: pd.DataFrame) -> str:
+    """One line per file when the plans come from several: its plans, MAPE and mean signed error."""
+    files = table["where"].astype(str).str.rsplit(":", n=1).str[0]
+    if files.nunique() < 2:
+        return ""
+    lines = []
+    for name, part in table.groupby(files, sort=False):
+        s = summarize(part)
+        lines.append(f"\n  from {name}: {plural(s.plans, 'plan')}, MAPE {_pct(s.mape_pct)}, mean signed error "
+                     f"{s.bias_pct:+.1f}%")
+    return "".join(lines)
 
 
 def _value(v: float) -> str:
@@ -88,7 +102,19 @@ def format_calibration(c: Calibration) -> str:
     errors = text_table(["plans", "MAPE before", "MAPE after", "worst before", "worst after", "tau before",
                          "tau after", "scenario tau before", "scenario tau after"], rows, [False] + [True] * 8)
     unused = (f"\nnot constrained by these runs (left as they were): {', '.join(c.unused)}" if c.unused else "")
-    return f"{head}\n\n{params}{unused}\n\n{errors}"
+    return f"{head}\n\n{params}{unused}\n\n{errors}\n\n{wrap(calibration_verdict(c))}"
+
+
+def calibration_verdict(c: Calibration) -> str:
+    """Whether the calibrated machine is recommended, from its error on the plans the fit never saw."""
+    if c.holdout_before is None or c.holdout_after is None:
+        return ("nothing held out: the error on the fitted plans cannot tell whether the fit carries to other "
+                "plans (--holdout 0.3 checks it on 30% of them)")
+    n, before, after = c.holdout_before.plans, _pct(c.holdout_before.mape_pct), _pct(c.holdout_after.mape_pct)
+    if c.worse_on_holdout:
+        return (f"not recommended: the calibrated machine is worse on the {n} held-out plans than {c.original.name} "
+                f"(MAPE {before} -> {after}); keep --machine {c.original.name}")
+    return f"recommended: on the {n} held-out plans the calibrated machine is better (MAPE {before} -> {after})"
 
 
 def _error_row(label: str, before: Summary, after: Summary) -> list[str]:
@@ -119,5 +145,8 @@ def calibration_header(c: Calibration, sources: Sequence[str], machine_ref: str,
         lines.append(f"Error on the {label} plans: MAPE {_pct(before.mape_pct)} -> {_pct(after.mape_pct)}, worst "
                      f"{before.worst_pct:+.1f}% -> {after.worst_pct:+.1f}%, Kendall tau "
                      f"{_num(before.kendall_tau, 2)} -> {_num(after.kendall_tau, 2)}.")
+    if c.worse_on_holdout:
+        lines.append("NOT RECOMMENDED: worse than the original on the held-out plans (written on request, "
+                     "--even-if-worse).")
     lines.append(f"The rest is {machine_ref} with the fitted lines replaced (their comments say 'calibrated').")
     return "\n".join(f"# {line}" for line in lines) + "\n"
