@@ -15,7 +15,8 @@ import sys
 import typer
 
 from axoplan.commands import calibrate, explain, export, listing, plot, probe, rank, run, suggest, trace, validate
-from axoplan.commands.user_errors import user_errors
+from axoplan.commands.user_errors import usage_message, user_errors
+from axoplan.commands.version import options as top_options
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -40,6 +41,8 @@ COMMANDS = (  # name, function, the one line `axoplan --help` shows (whole at 80
 for _name, _fn, _short in COMMANDS:
     app.command(_name, short_help=_short)(user_errors(_fn))
 
+app.callback()(top_options)  # --version
+
 plot.register(app, user_errors)
 
 
@@ -60,7 +63,7 @@ def main() -> None:
             sys.exit(getattr(exc, "exit_code", 2))
         ctx = getattr(exc, "ctx", None)
         where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
-        sys.stderr.write(f"axoplan: error: {exc.format_message()}{where}\n")
+        sys.stderr.write(f"axoplan: error: {usage_message(exc)}{where}\n")
         sys.exit(2)
     except typer.Abort:
         sys.stderr.write("axoplan: aborted\n")

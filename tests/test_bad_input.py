@@ -230,6 +230,16 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
      "shared memory has no separate CPU memory"),
     ("machine-domain-not-whole-nodes", ("rank", "--model", "5B", "--gpus", "8", "--machine", "domain.yaml"),
      "must be a multiple of devices_per_node"),
+    # --- issue 30: malformed values refused, and messages that pointed the wrong way ---
+    ("micro-batch-empty-item", (*RANK, "--micro-batch", "1,,2"), "'1,,2' has an empty item between commas"),
+    ("tokens-overflow", (*RANK, "--tokens", "1e400"), "--tokens 1e400 is more than any training run could use"),
+    ("level-nan", (*RANK, "--level", "nan"), "'--level': nan is not a finite number"),
+    ("expert-tp-divides-nothing", ("rank", "--model", "mixtral-8x7B", "--gpus", "64", "--expert-tp", "3"),
+     "--expert-tp 3 must divide the expert width 14336 and --gpus 64"),
+    ("time-minutes-99", (*EXPORT, "--time", "99:99:99", "--out-dir", "fresh"), "minutes and seconds 0-59"),
+    ("config-json-mla", ("rank", "--model", "deepseek-v3/config.json", "--gpus", "8"), "'kv_lora_rank' is multi-head"),
+    ("config-json-unknown-family", ("rank", "--model", "dbrx/config.json", "--gpus", "8"),
+     "model_type 'dbrx' is not a family axoplan reads"),
 ]
 
 
@@ -290,6 +300,11 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                             "latency_us": 2.0}))
     (ws / "tokenizer_config.json").write_text('{"model_max_length": 4096, "padding_side": "left"}')
     (ws / "broken-config.json").write_text('{"hidden_size": 4096,')
+    for name, config in (("deepseek-v3", {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
+                                          "num_attention_heads": 128, "kv_lora_rank": 512, "n_routed_experts": 256}),
+                         ("dbrx", {"model_type": "dbrx", "d_model": 6144, "n_layers": 40, "n_heads": 48})):
+        (ws / name).mkdir()
+        (ws / name / "config.json").write_text(json.dumps(config))
     done = run_cli(*TINY_EXPORT, "--out-dir", str(ws / "plans"))
     assert done.returncode == 0, done.stderr
     [plan] = (ws / "plans").glob("*/plan.json")

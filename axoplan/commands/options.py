@@ -185,11 +185,15 @@ class ModelFlags:
 
 
 def parse_ints(text: str, flag: str) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4); anything else is an AxoplanError naming `flag`."""
+    """'1,2,4' -> (1, 2, 4); anything else (an empty item too: '1,,2', '1,2,') is an AxoplanError naming `flag`."""
     from axoplan.errors import AxoplanError
 
+    items = text.split(",")
+    if not all(v.strip() for v in items):
+        raise AxoplanError(f"{flag} {text!r} has an empty item between commas; write comma-separated integers, "
+                           "e.g. 1,2,4")
     try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
+        return tuple(int(v) for v in items)
     except ValueError:
         raise AxoplanError(f"{flag} {text!r} must be comma-separated integers, e.g. 1,2,4") from None
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO, TypeVar
@@ -12,7 +13,7 @@ import typer
 
 from axoplan.errors import AxoplanError
 
-__all__ = ["user_errors"]
+__all__ = ["user_errors", "usage_message"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,3 +56,21 @@ def _one_line(message: Warning | str, category: type[Warning], filename: str, li
         where = filename.replace("\\", "/").rsplit("/", 1)[-1]
         text = f"{text} ({category.__name__} at {where}:{lineno}; please report it with the command)"
     typer.echo(f"axoplan: warning: {text}", err=True)
+
+
+def usage_message(exc: Any) -> str:
+    """typer's message for a bad flag value (``axoplan.cli.main``), except for a number that is not finite: the
+    range check reports 'nan' as out of range ('less than or equal to 0.99'), which points the wrong way."""
+    param, errors = getattr(exc, "param", None), getattr(exc.__cause__, "errors", None)
+    if param is not None and callable(errors):
+        for value in (err.get("input") for err in errors()):
+            if _not_finite(value):
+                return f"Invalid value for {param.opts[0]!r}: {value} is not a finite number"
+    return str(exc.format_message())
+
+
+def _not_finite(value: object) -> bool:
+    try:
+        return isinstance(value, str | float) and not math.isfinite(float(value))
+    except ValueError:
+        return False

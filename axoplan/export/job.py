@@ -198,6 +198,9 @@ def parse_walltime(text: str) -> int:
     if m is None:
         raise AxoplanError(f"--time {text!r} is not a wall time; write HH:MM:SS, minutes, or D-HH:MM:SS")
     days, first, second, third = (int(g) if g is not None else 0 for g in m.groups())
+    if second > 59 or third > 59 or (m.group(1) is not None and first > 23):
+        raise AxoplanError(f"--time {text!r} is not a wall time: after the first field, hours are 0-23 and minutes "
+                           "and seconds 0-59; write HH:MM:SS, minutes, or D-HH:MM:SS")
     if m.group(1) is not None:  # D-H[:M[:S]]
         seconds = days * 86_400 + first * 3600 + second * 60 + third
     elif m.group(4) is not None:  # H:M:S

@@ -6,6 +6,7 @@ Infeasible candidates stay in the table with the first reason that rules them ou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -112,11 +113,11 @@ def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: in
     if world_size > MAX_WORLD:
         raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({MAX_WORLD})")
     check_machine_size(machine, world_size)
-    check_moe_options(model, options)
+    check_moe_options(model, options, world_size)
     return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options))
 
 
-def check_moe_options(model: ModelSpec, options: RunOptions) -> None:
+def check_moe_options(model: ModelSpec, options: RunOptions, world_size: int | None = None) -> None:
     """Refuse MoE options a model or path cannot use, naming the flag."""
     if model.moe is None and (options.moe_impl != "auto" or options.expert_tp != 1):
         raise AxoplanError(f"--moe-impl and --expert-tp apply to mixture-of-experts models; {model.name} is dense "
@@ -124,6 +125,22 @@ def check_moe_options(model: ModelSpec, options: RunOptions) -> None:
     if model.moe is not None and options.moe_module == "hf-mixtral" and not options.hf_path:
         raise AxoplanError("--moe-impl hf-mixtral is AxoNN's Hugging Face Mixtral patch: add --axonn-path hf, or use "
                            "--moe-impl native on the megatron path")
+    check_expert_tp(model, options, world_size)
+
+
+def check_expert_tp(model: ModelSpec, options: RunOptions, world_size: int | None) -> None:
+    """Refuse an --expert-tp that divides not both the expert width and `world_size`: DroplessMoEMLP splits each
+    expert's width over that many ranks inside Z (feasibility's `moe` rule, named before any layout is tried)."""
+    tp = options.expert_tp
+    if model.moe is None or options.moe_module != "native" or tp == 1:
+        return
+    width = model.moe.expert_ffn_hidden
+    common = math.gcd(width, world_size or width)
+    if common % tp:
+        near = sorted((d for d in range(1, min(common, 4 * tp) + 1) if common % d == 0), key=lambda d: abs(d - tp))
+        gpus = f" and --gpus {world_size}" if world_size else ""
+        raise AxoplanError(f"--expert-tp {tp} must divide the expert width {width}{gpus} (DroplessMoEMLP splits each "
+                           f"expert over that many ranks of Z); try --expert-tp {' or '.join(map(str, near[:2]))}")
 
 
 def check_machine_size(machine: Machine, world_size: int) -> None:
