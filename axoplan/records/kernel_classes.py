@@ -32,6 +32,7 @@ router softmax of a mixture of experts, over a handful of experts per token, is 
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal, get_args
 
@@ -72,6 +73,7 @@ _PATTERNS: tuple[tuple[KernelClass, str], ...] = (
 _RULES = tuple((cls, re.compile(pattern, re.IGNORECASE)) for cls, pattern in _PATTERNS)
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a trace repeats a few hundred names thousands of times
 def kernel_class(name: str) -> KernelClass:
     """The ledger class of the kernel called `name` (the first rule of :data:`_RULES` that matches)."""
     for cls, pattern in _RULES:
