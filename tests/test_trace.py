@@ -333,12 +333,17 @@ def _cpu_only_trace(path: Path) -> None:
     prof.export_chrome_trace(str(path))
 
 
-def test_a_cpu_only_trace_is_read_and_refused_for_holding_no_gpu_kernels(tmp_path: Path) -> None:
-    path = tmp_path / "cpu.json"
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cpu") / "cpu.json"
     _cpu_only_trace(path)
-    assert "aten::mm" in path.read_text()  # a real trace, with its CPU ops
+    return path
+
+
+def test_a_cpu_only_trace_is_read_and_refused_for_holding_no_gpu_kernels(cpu_trace: Path) -> None:
+    assert "aten::mm" in cpu_trace.read_text()  # a real trace, with its CPU ops
     with pytest.raises(AxoplanError, match=r"holds no GPU kernels \([1-9]\d* CPU ops\).*ProfilerActivity.CUDA"):
-        read_trace(path)
+        read_trace(cpu_trace)
 
 
 @pytest.mark.parametrize(("name", "content", "why"), [
@@ -442,10 +447,8 @@ def test_csv_and_json_hold_the_same_split(summary: TraceSummary) -> None:
         assert int(r[4]) == doc["steps"][0]["by_class"][r[1]]["kernels"]
 
 
-def test_the_command_refuses_a_cpu_only_trace_in_one_line(tmp_path: Path) -> None:
-    path = tmp_path / "cpu.json"
-    _cpu_only_trace(path)
-    r = run_cli("trace", str(path))
+def test_the_command_refuses_a_cpu_only_trace_in_one_line(tmp_path: Path, cpu_trace: Path) -> None:
+    r = run_cli_here("trace", str(cpu_trace))
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("axoplan: error: trace ") and "holds no GPU kernels" in r.stderr
     assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
@@ -453,3 +456,10 @@ def test_the_command_refuses_a_cpu_only_trace_in_one_line(tmp_path: Path) -> Non
     bad.write_text("{}")
     r = run_cli_here("trace", str(bad))
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "is not gzip" in r.stderr
+
+
+def test_help_at_80_columns_shows_the_flag_and_its_choices() -> None:
+    done = run_cli_here("trace", "--help", env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    assert max(map(len, done.stdout.splitlines())) <= 80 and "…" not in done.stdout
+    assert "--format <table|csv|json>" in done.stdout
