@@ -17,7 +17,7 @@ from axoplan.search.ranking import Ranking
 from axoplan.space.layout import Layout
 
 __all__ = ["format_table", "format_csv", "format_json", "format_explain", "text_table", "selected_rows", "plural",
-           "wrap", "TABLE_WIDTH"]
+           "wrap", "TABLE_WIDTH", "fit_note"]
 
 _GB = 1e9
 
@@ -57,9 +57,10 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     """The top rows (or top infeasible rows with their reasons, or the given `rows`) as a readable table.
 
     By default it fits :data:`TABLE_WIDTH` columns: the layout in ``--layout`` spelling, the
-    micro-batch, the options, seconds per step with its interval and P(best), MFU and memory.
-    `wide` adds the axes one by one, HFU and the exposed communication. With `tokens`, each row
-    also shows days to train, node-hours and GPU-hours (axoplan.cost.budget).
+    micro-batch, the options, seconds per step with its interval and P(best), MFU, the memory need
+    and the probability that it fits. `wide` adds the axes one by one, HFU and the exposed
+    communication. With `tokens`, each row also shows days to train and node-hours (and, `wide`,
+    GPU-hours; axoplan.cost.budget). Where the first row's fit is in doubt, a note says why it is first.
     """
     head = (f"{r.model.name} on {r.world_size} x {r.machine.device.name} ({r.machine.name}), "
             f"global batch {r.options.global_batch} x {r.options.seq_len} tokens: "
@@ -73,8 +74,9 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     body = [[cell(r, i, n) for _, _, cell in columns] for n, i in enumerate(chosen, start=1)]
     if not body:
         return wrap(head, wide) + "\n(no rows)"
-    notes = [_LAYOUT_NOTE if not wide else "", _INTERVAL_NOTE if _has_interval(r, infeasible) else "",
-             _columns_note(wide)]
+    notes = [fit_note(r) if rows is None and not infeasible else None,
+             _LAYOUT_NOTE if not wide else "", _INTERVAL_NOTE if _has_interval(r, infeasible) else "",
+             _columns_note(wide, r), "" if wide or tokens is None else _GPU_HOURS_NOTE]
     table = text_table([h for h, _, _ in columns], body, [right for _, right, _ in columns])
     return "\n".join([wrap(head, wide), "", table, *(wrap(n, wide) for n in notes if n)])
 
@@ -102,7 +104,9 @@ def _table_columns(r: Ranking, infeasible: bool, tokens: int | None, wide: bool)
                  ("exposed comm s", True, _timed(lambda rec: f"{rec['t_comm_exposed_s']:.3f}"))]
     cols.append(("mem GB" if not wide else "mem GB/GPU", True, _memory_cell))
     if tokens is not None:
-        for k, header in enumerate(("days", "node-h", "GPU-h")):
+    if "p_fit" in r.prediction.columns:
+        cols.append(("P(fit)", True, lambda r, i, n: f"{r.row(i)['p_fit']:.2f}"))
+        for k, header in enumerate(("days", "node-h", "GPU-h")[: 3 if wide else 2]):  # GPU-h: node-h x GPUs/node
             cols.append((header, True, _cost_cell(tokens, k)))
     if infeasible:
         cols.append(("why infeasible", False, lambda r, i, n: str(r.row(i)["reason"])))
@@ -161,11 +165,29 @@ _LAYOUT_NOTE = ("layout: Gx x Gy x Gz x Gdata/tensor-parallel order (innermost f
                 "--wide shows the axes apart, HFU and the exposed communication")
 
 
-def _columns_note(wide: bool) -> str:
+def _columns_note(wide: bool, r: Ranking) -> str:
+    from axoplan.search.fit import TIGHT_LEVEL
+
     hfu = "; HFU: the flops the kernels run, recompute included" if wide else ""
     return ("MFU: model flops (6·params·tokens + non-causal attention, no recompute: Megatron's and llm-foundry's "
-            f"count) over peak{hfu}; mem: GB per GPU with the reserve, * tight: the HBM is inside its 80% interval "
-            "(docs/algorithm.md)")
+            f"count) over peak{hfu}; mem: GB per GPU with the reserve, * tight: the HBM is inside its "
+            f"{TIGHT_LEVEL:.0%} interval (docs/algorithm.md); P(fit): the probability that it fits the HBM; a layout "
+            f"with P(fit) under {r.fit.min_p_fit:.2f} (--fit-risk) never ranks above one that fits and is at most "
+            f"{r.fit.margin * 100:g} % slower (--fit-margin)")
+
+
+_GPU_HOURS_NOTE = "node-h: node-hours (--wide adds GPU-hours, node-hours x GPUs per node)"
+
+
+def fit_note(r: Any) -> str | None:
+    """Why a ranking's first pick is one whose fit in memory is in doubt (None when it fits, or for a saved
+    ranking, whose order was fixed when it was ranked)."""
+    from axoplan.search.fit import first_pick_note
+
+    if not isinstance(r, Ranking) or "p_fit" not in r.prediction.columns:
+        return None
+    return first_pick_note(r.order, r.num_feasible, r.column("t_step_s"), r.column("p_fit"), r.fit,
+                           lambda i: _layout_spelling(r.candidates.layout(i)))
 
 
 _INTERVAL_NOTE = ("interval: central prediction interval (--level, default 80%); P(best): probability of being "
@@ -234,7 +256,7 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
            f"micro-batch {rec['micro_batch']}, {_options_label(rec)}"
     if not r.has_time(i):
         return "\n".join([wrap(head, wide), f"INFEASIBLE: {rec['reason']}; no step time is predicted for it", "",
-                          _memory_section(r, i)])
+                          _memory_section(r, i, wide)])
     lines = [
         f"{head}, {plural(round(rec['grad_accum']), 'micro-batch', 'micro-batches')} per step",
         *([f"INFEASIBLE: {rec['reason']}"] if rec["reason"] else []),
@@ -256,19 +278,32 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
     ], [False, True])]
     lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)",
               _collectives_table(r, i, wide)]
-    lines += ["", _memory_section(r, i)]
+    lines += _ledger_section(rec)
+    lines += ["", _memory_section(r, i, wide)]
     return "\n".join(lines)
 
 
-def _memory_section(r: Ranking, i: int) -> str:
-    from axoplan.cost.memory import VERDICTS
+def _ledger_section(rec: dict[str, Any]) -> list[str]:
+    """The op ledger's device seconds per step by class (``axoplan.cost.ledger``), to hold against a profiler
+    trace's split (``axoplan trace``); nothing for a framework without a ledger."""
+    classes = {k[len("t_class_"):-len("_s")]: float(v) for k, v in rec.items() if k.startswith("t_class_")}
+    classes["optimizer"] = float(rec["t_optimizer_s"])
+    if len(classes) <= 2:
+        return []
+    total = sum(classes.values())
+    rows = [[name, f"{t:.4f}", f"{100.0 * t / total:.1f}"] for name, t in sorted(classes.items(), key=lambda kv: -kv[1])
+            if t > 0]
+    rows.append(["total (kernels only: no gaps, host or communication)", f"{total:.4f}", "100.0"])
+    return ["", "Op ledger by class, device seconds per step", text_table(["class", "seconds", "%"], rows,
+                                                                          [False, True, True])]
+
+
+def _memory_section(r: Ranking, i: int, wide: bool = False) -> str:
+    from axoplan.search.fit import memory_fit_of
 
     mem, verdict = r.prediction.memory, r.feasibility.memory
     assert verdict is not None
-    head = (f"Memory per GPU ({verdict.usable_bytes / _GB:.1f} GB of {verdict.hbm_bytes / _GB:.0f} GB usable after "
-            f"the reserve; with the reserve it needs {verdict.need_bytes[i] / _GB:.1f} GB, "
-            f"{verdict.low_bytes[i] / _GB:.1f}-{verdict.high_bytes[i] / _GB:.1f} GB: "
-            f"{VERDICTS[int(verdict.verdict[i])]})")
+    head = wrap(f"Memory per GPU: {memory_fit_of(verdict, i, float(mem.total[i])).describe()}", wide)
     return head + "\n" + text_table(
         ["part", "GB"],
         [[k, f"{getattr(mem, k)[i] / _GB:.2f}"] for k in mem.__slots__] + [["total", f"{mem.total[i] / _GB:.2f}"]],

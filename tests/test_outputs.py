@@ -38,15 +38,24 @@ def test_csv_and_json_carry_every_column_the_table_shows():
     rows = list(csv.DictReader(io.StringIO(run_cli(*RANK_5B, "--top", "2", "--tokens", "300B",
                                                    "--format", "csv").stdout)))
     doc = _strict(run_cli(*RANK_5B, "--top", "2", "--tokens", "300B", "--format", "json").stdout)
-    lines = table.stdout.splitlines()
-    at = next(k for k, line in enumerate(lines) if line.startswith("rank"))
-    first = lines[at + 2].split()
+    wide = run_cli(*RANK_5B, "--top", "2", "--tokens", "300B", "--wide")
+
+    def first_row(text: str) -> list[str]:
+        lines = text.splitlines()
+        at = next(k for k, line in enumerate(lines) if line.startswith("rank"))
+        return lines[at + 2].split()
+
+    first, first_wide = first_row(table.stdout), first_row(wide.stdout)
     for record in (rows[0], doc["rows"][0]):
         assert str(record["layout"]) == first[1]
         assert float(record["t_step_s"]) == pytest.approx(float(first[4]), abs=5e-4)
         assert float(record["mfu"]) == pytest.approx(float(first[7]), abs=0.05)
-        assert float(record["days"]) == pytest.approx(float(first[-3]), abs=0.05)
-        assert float(record["gpu_hours"]) == pytest.approx(float(first[-1].replace(",", "")), abs=0.5)
+        assert float(record["mem_need_bytes"]) / 1e9 == pytest.approx(float(first[-4].rstrip("*")), abs=0.05)
+        assert float(record["p_fit"]) == pytest.approx(float(first[-3]), abs=0.005)
+        assert float(record["days"]) == pytest.approx(float(first[-2]), abs=0.05)
+        assert float(record["node_hours"]) == pytest.approx(float(first[-1].replace(",", "")), abs=0.5)
+        # GPU-hours: in the --wide table (the default one leaves them out to stay within 120 columns)
+        assert float(record["gpu_hours"]) == pytest.approx(float(first_wide[-1].replace(",", "")), abs=0.5)
     assert float(rows[0]["node_hours"]) == pytest.approx(doc["rows"][0]["node_hours"])
 
 

@@ -9,19 +9,38 @@ from axoplan.inputs.model import load_model
 from axoplan.inputs.options import RunOptions
 from axoplan.records.plan import LaunchConfig, plan_from_ranking
 from axoplan.search.advice import smallest_feasible_world
+from axoplan.search.fit import FitPolicy, doubt_level
 from axoplan.search.ranking import REASONS, rank
+
+BY_TIME = FitPolicy(margin=0.0)
+"""No margin: the fit rule orders only layouts of equal time (axoplan.search.fit)."""
 
 
 def test_feasible_rows_first_then_by_time():
-    r = rank(load_model("20B"), load_machine("perlmutter"), RunOptions(), 256)
+    r = rank(load_model("20B"), load_machine("perlmutter"), RunOptions(), 256, BY_TIME)
     feasible = r.reason[r.order] == 0
     assert feasible[: r.num_feasible].all() and not feasible[r.num_feasible:].any()
     t = r.column("t_step_s")[r.order[: r.num_feasible]]
     assert (np.diff(t) >= 0).all()
 
 
+def test_default_order_is_by_time_with_doubtful_layouts_counted_a_margin_slower():
+    """The default rule (5 % margin, 10 % risk): a layout in doubt ranks as if 1.05x its time, one whose point
+    estimate is above the HBM as if 1.05²x; the same 20B case as above, where the rule moves rows."""
+    r = rank(load_model("20B"), load_machine("perlmutter"), RunOptions(), 256)
+    feasible = r.reason[r.order] == 0
+    assert feasible[: r.num_feasible].all() and not feasible[r.num_feasible:].any()
+    top = r.order[: r.num_feasible]
+    p = r.column("p_fit")[top]
+    doubt = doubt_level(p, r.fit)
+    assert ((doubt == 0) == (p >= 0.9)).all() and ((doubt == 2) == (p < 0.5)).all()
+    keyed = r.column("t_step_s")[top] * 1.05 ** doubt
+    assert (np.diff(keyed) >= 0).all()
+    assert (np.diff(r.column("t_step_s")[top]) < 0).any()  # the rule did reorder something here
+
+
 def test_top_feasible_is_the_fastest_feasible_rows_in_order():
-    r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 512)
+    r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 512, BY_TIME)
     feasible = np.flatnonzero(r.reason == 0)
     fastest = feasible[np.argsort(r.column("t_step_s")[feasible], kind="stable")]
     assert 0 < r.num_feasible < len(r.reason)  # both kinds of row present, so the cut matters

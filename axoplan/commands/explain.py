@@ -16,11 +16,12 @@ from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt,
 
 if TYPE_CHECKING:
     from axoplan.inputs.options import RunOptions
+    from axoplan.search.fit import FitPolicy
 
 __all__ = ["explain"]
 
 
-@shared_options()
+@shared_options(fit=True)
 def explain(
     *,
     gpus: GpusOpt,
@@ -32,12 +33,13 @@ def explain(
                                        "unwrapped: wider than 120 characters.")] = False,
     run_options: RunOptions,
     model_flags: ModelFlags,
+    fit_policy: FitPolicy,
 ) -> None:
     """Explain one layout: each collective (group, size, bytes, bandwidth, time, hidden part),
     the compute breakdown and the memory per GPU.
 
     Give --layout (the best micro-batch and options for it are chosen unless fixed) or
-    --rank N (default 1, the best layout).
+    --rank N (default 1, the best layout; ranked as `axoplan rank` ranks, --fit-margin and --fit-risk included).
     """
     from axoplan import report
     from axoplan.errors import AxoplanError
@@ -51,7 +53,7 @@ def explain(
     lay = parse_layout(layout) if layout is not None else None
     if lay is not None and lay.world_size != gpus:
         raise AxoplanError(f"layout {lay} uses {lay.world_size} GPUs but --gpus is {gpus}")
-    result = do_rank(spec, mach, run_options, gpus)
+    result = do_rank(spec, mach, run_options, gpus, fit_policy)
     if lay is not None:
         index = result.index_of(lay)
     else:

@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from axoplan.commands.options import MODEL_FLAGS, RUN_FLAGS, ModelFlags, TokensOpt, shared_options
+from axoplan.commands.options import FIT_FLAGS, MODEL_FLAGS, RUN_FLAGS, ModelFlags, TokensOpt, shared_options
 
 if TYPE_CHECKING:
     from axoplan.inputs.options import RunOptions
+    from axoplan.search.fit import FitPolicy
 
 __all__ = ["export"]
 
 # options that define a fresh ranking; a saved ranking (--ranking) already fixes them
-_RANKING_FLAGS = {"gpus": "--gpus"} | {f.name: f.text for f in (*MODEL_FLAGS, *RUN_FLAGS)}
+_RANKING_FLAGS = {"gpus": "--gpus"} | {f.name: f.text for f in (*MODEL_FLAGS, *RUN_FLAGS, *FIT_FLAGS)}
 _SITE_HELP = "Written into the job scripts; otherwise the machine's default or a visible placeholder like <{}>."
 
 
-@shared_options()
+@shared_options(fit=True)
 def export(
     ctx: typer.Context,
     ranking: Annotated[Path | None, typer.Option(
@@ -76,6 +77,7 @@ def export(
     *,
     run_options: RunOptions,
     model_flags: ModelFlags,
+    fit_policy: FitPolicy,
 ) -> None:
     """Export the top --top layouts as launch configs (plan.json) and job scripts (job.sh), one folder each.
 
@@ -88,6 +90,7 @@ def export(
     from axoplan.export import prepare_exports, summary, write_exports
     from axoplan.export.exporter import benchmark_note
     from axoplan.export.job import parse_walltime
+    from axoplan.report import fit_note
 
     site = {"account": account, "partition": partition, "qos": qos, "queue": queue, "python_env": python_env,
             "container": container}
@@ -101,7 +104,7 @@ def export(
         source, ref = _saved(ranking, machine)
     else:
         ref = machine or "frontier"
-        source = _fresh(model_flags, gpus, ref, run_options)
+        source = _fresh(model_flags, gpus, ref, run_options, fit_policy)
     if n_tokens is not None and iterations is None:
         settings = settings.model_copy(update={"iterations": _token_steps(n_tokens, source.options)})
     exports = prepare_exports(source, ref, top, settings)
@@ -110,7 +113,9 @@ def export(
     assert launcher is not None  # prepare_exports refused a machine without one
     typer.echo(f"exported {len(exports)} layout{'s' if len(exports) > 1 else ''} of {source.model.name} on "
                f"{source.world_size} GPUs of {source.machine.name} to {out_dir}\n")
-    typer.echo(summary(exports, out_dir, launcher))
+    typer.echo(summary(exports, out_dir, launcher, source.machine))
+    if (doubt := fit_note(source)) is not None:
+        typer.echo(f"warning: {doubt}", err=True)
     if exports[0].plan.training is not None:
         from axoplan.cost.budget import describe_cost
 
@@ -188,7 +193,7 @@ def _saved(ranking: Path, machine: str | None) -> tuple[Any, str]:
     return source, machine or source.machine.name
 
 
-def _fresh(model_flags: ModelFlags, gpus: int | None, machine: str, options: RunOptions) -> Any:
+def _fresh(model_flags: ModelFlags, gpus: int | None, machine: str, options: RunOptions, fit: FitPolicy) -> Any:
     from axoplan.errors import AxoplanError
     from axoplan.inputs.machine import load_machine
     from axoplan.search.advice import explain_infeasible
@@ -197,7 +202,7 @@ def _fresh(model_flags: ModelFlags, gpus: int | None, machine: str, options: Run
     if gpus is None:
         raise AxoplanError("give --gpus N (and --model), or --ranking FILE.json saved by `axoplan rank --out`")
     spec, mach = model_flags.load(), load_machine(machine)
-    result = rank(spec, mach, options, gpus)
+    result = rank(spec, mach, options, gpus, fit)
     if result.num_feasible == 0:
         raise AxoplanError(explain_infeasible(result))
     return result

@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-__all__ = ["Flag", "RUN_FLAGS", "MODEL_FLAGS", "ModelFlags", "shared_options", "OnOffSearch", "Attention",
+__all__ = ["Flag", "RUN_FLAGS", "MODEL_FLAGS", "FIT_FLAGS", "ModelFlags", "shared_options", "OnOffSearch", "Attention",
            "Precision", "GradReduceDtype", "AxonnPath", "MoeImpl", "BackwardGather", "GradSync", "parse_ints",
            "GpusOpt", "MachineOpt", "TokensOpt"]
 
@@ -153,6 +153,17 @@ MODEL_FLAGS: tuple[Flag, ...] = (
 )
 
 
+FIT_FLAGS: tuple[Flag, ...] = (
+    Flag("fit_margin", ("--fit-margin",), float, 0.05,
+         "Fraction of step time a layout that fits in memory may be slower and still rank above one whose fit is "
+         "in doubt (0.05: 5 %; 0: rank by time alone)."),
+    Flag("fit_risk", ("--fit-risk",), float, 0.1,
+         "Largest chance of running out of memory a layout may have and count as fitting (0.1: it fits with "
+         "probability 0.9 or more, the high end of its 80 % memory interval within the HBM)."),
+)
+"""The fit rule of the rank order (axoplan.search.fit.FitPolicy, one flag per field), for the commands that rank."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFlags:
     """The model named on the command line: a preset or YAML (`name`), custom fields, or both."""
@@ -218,20 +229,36 @@ def _evaluated(annotation: Any, fn: Callable[..., Any]) -> Any:
     return eval(annotation, fn.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307
 
 
-def shared_options(*, model: bool = True) -> Callable[[F], F]:
-    """Add the run-option flags (and, with `model`, the model flags) to a command.
+def _fit_policy(values: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
 
-    The command declares keyword parameters ``run_options`` (a RunOptions) and, with
-    `model`, ``model_flags`` (a ModelFlags) instead of the flags themselves. The options
-    are built when the command runs; a bad value is an AxoplanError (one line, exit 2).
+    from axoplan.errors import AxoplanError
+    from axoplan.search.fit import FitPolicy
+
+    try:
+        return FitPolicy(margin=values["fit_margin"], risk=values["fit_risk"])
+    except ValidationError as err:
+        field_name = str(err.errors()[0]["loc"][0])
+        flag = next(f for f in FIT_FLAGS if f.name == f"fit_{field_name}")
+        description = FitPolicy.model_fields[field_name].description
+        bounds = "0 to 1" if field_name == "margin" else "above 0 and below 1"
+        raise AxoplanError(f"{flag.text} {values[flag.name]} must be a number {bounds}: {description}") from None
+
+
+def shared_options(*, model: bool = True, fit: bool = False) -> Callable[[F], F]:
+    """Add the run-option flags (and, with `model`, the model flags; with `fit`, the fit flags) to a command.
+
+    The command declares keyword parameters ``run_options`` (a RunOptions), with `model`
+    ``model_flags`` (a ModelFlags) and with `fit` ``fit_policy`` (a FitPolicy) instead of the flags
+    themselves. The options are built when the command runs; a bad value is an AxoplanError (one line, exit 2).
     """
-    flags = (*RUN_FLAGS, *(MODEL_FLAGS if model else ()))
+    flags = (*RUN_FLAGS, *(MODEL_FLAGS if model else ()), *(FIT_FLAGS if fit else ()))
     names = {f.name for f in flags}
 
     def decorate(fn: F) -> F:
         sig = inspect.signature(fn)
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=_evaluated(p.annotation, fn))
-               for p in sig.parameters.values() if p.name not in {"run_options", "model_flags"}]
+               for p in sig.parameters.values() if p.name not in {"run_options", "model_flags", "fit_policy"}]
         clash = names & {p.name for p in own}
         if clash:
             raise TypeError(f"{fn.__name__} declares shared options itself: {sorted(clash)}")
@@ -246,6 +273,8 @@ def shared_options(*, model: bool = True) -> Callable[[F], F]:
             if model:
                 custom = {f.name: shared[f.name] for f in MODEL_FLAGS if f.name != "model"}
                 kwargs["model_flags"] = ModelFlags(shared["model"], custom)
+            if fit:
+                kwargs["fit_policy"] = _fit_policy({f.name: shared[f.name] for f in FIT_FLAGS})
             return fn(**kwargs)
 
         command.__signature__ = sig.replace(parameters=params, return_annotation=None)  # type: ignore[attr-defined]

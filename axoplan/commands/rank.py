@@ -18,6 +18,7 @@ from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt,
 
 if TYPE_CHECKING:
     from axoplan.inputs.options import RunOptions
+    from axoplan.search.fit import FitPolicy
 
 __all__ = ["rank", "Format"]
 
@@ -28,7 +29,7 @@ class Format(StrEnum):
     json = "json"
 
 
-@shared_options()
+@shared_options(fit=True)
 def rank(
     *,
     gpus: GpusOpt,
@@ -51,12 +52,15 @@ def rank(
         show_default=False)] = None,
     run_options: RunOptions,
     model_flags: ModelFlags,
+    fit_policy: FitPolicy,
 ) -> None:
     """Rank every Gx x Gy x Gz x Gdata layout of --gpus GPUs by predicted seconds per iteration.
 
     Micro-batch sizes, activation recompute and weight caching are searched too. Infeasible
     candidates (dimensions not divisible, batch not divisible, out of memory) stay in the
-    --out table with their reason; --infeasible prints them.
+    --out table with their reason; --infeasible prints them. A layout whose fit in memory is in
+    doubt never ranks above one that fits and is at most --fit-margin slower (P(fit): the
+    probability that it fits).
     """
     from axoplan import report
     from axoplan.errors import AxoplanError
@@ -76,7 +80,7 @@ def rank(
     from axoplan.uncertainty.intervals import with_intervals
 
     n_tokens = budget_checks(tokens, gpus, mach.devices_per_node, max_nodes, max_node_hours)
-    result = with_intervals(do_rank(spec, mach, run_options, gpus), level=level)
+    result = with_intervals(do_rank(spec, mach, run_options, gpus, fit_policy), level=level)
     if out is not None:
         full = [int(i) for i in result.order]
         text = (report.format_json(result, full, n_tokens) if out.suffix == ".json"

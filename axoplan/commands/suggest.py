@@ -20,11 +20,12 @@ from axoplan.commands.rank import Format
 
 if TYPE_CHECKING:
     from axoplan.inputs.options import RunOptions
+    from axoplan.search.fit import FitPolicy
 
 __all__ = ["suggest"]
 
 
-@shared_options()
+@shared_options(fit=True)
 def suggest(
     *,
     gpus: GpusOpt,
@@ -40,6 +41,7 @@ def suggest(
         "--allow-partial-nodes", help="With --out-dir: allow a GPU count that does not fill whole nodes.")] = False,
     run_options: RunOptions,
     model_flags: ModelFlags,
+    fit_policy: FitPolicy,
 ) -> None:
     """Suggest the k layouts whose measurement most likely finds the truly fastest one.
 
@@ -52,7 +54,7 @@ def suggest(
     from axoplan.search.ranking import rank
     from axoplan.uncertainty.intervals import suggest_indices, with_intervals
 
-    ranked = rank(model_flags.load(), load_machine(machine), run_options, gpus)
+    ranked = rank(model_flags.load(), load_machine(machine), run_options, gpus, fit_policy)
     if ranked.num_feasible == 0:
         raise AxoplanError(explain_infeasible(ranked))
     source = with_intervals(ranked)

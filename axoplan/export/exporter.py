@@ -120,20 +120,28 @@ def write_exports(exports: list[ExportedPlan], out_dir: Path, force: bool) -> li
     return write_all_or_nothing(out_dir, files, force=force)
 
 
-def summary(exports: list[ExportedPlan], out_dir: Path, launcher: LauncherSpec) -> str:
-    """What was written, as a table, and how to submit it."""
+def summary(exports: list[ExportedPlan], out_dir: Path, launcher: LauncherSpec, machine: Any) -> str:
+    """What was written, as a table (the memory need with the reserve against the HBM, its verdict and P(fit)),
+    and how to submit it."""
     from axoplan.report import text_table
 
     rows = []
     for e in exports:
         pred = e.plan.prediction
         rows.append([str(e.rank), str(e.plan.layout.to_layout()), str(e.plan.micro_batch),
-                     f"{pred.t_step_s:.3f}" if pred else "-", str(e.nodes), e.walltime, e.plan.plan_id,
+                     f"{pred.t_step_s:.3f}" if pred else "-",
+                     f"{fit.need_bytes / 1e9:.1f}/{fit.hbm_bytes / 1e9:.0f}" if fit else "-",
+                     f"{fit.verdict} {fit.p_fit:.2f}" if fit else "-", str(e.nodes), e.walltime, e.plan.plan_id,
                      str(out_dir / e.folder)])
-    table = text_table(["rank", "layout", "mbs", "s/iter", "nodes", "wall time", "plan", "folder"], rows,
-                       [True, False, True, True, True, True, False, False])
+    table = text_table(["rank", "layout", "mbs", "s/iter", "mem GB", "fit", "nodes", "wall time", "plan", "folder"],
+                       rows, [True, False, True, True, True, False, True, True, False, False])
     first = shlex.quote(str(out_dir / exports[0].folder))  # a command to paste: an odd --out-dir stays one word
     how = f"cd {first} && {submit_command(launcher)}"
     if scheduler(launcher.scheduler).directive is None:
         how += "   (on every node)"
-    return f"{table}\n\nsubmit each from its folder, e.g.: {how}"
+    usable = f"{fit.usable_bytes / 1e9:.1f}" if fit else "-"
+    mem = (f"mem: GB per GPU with the reserve / the HBM ({usable} GB of it usable by tensors); fit: the memory verdict "
+           "and the probability of fitting (each job script's header says more)")
+    return f"{table}\n{mem}\n\nsubmit each from its folder, e.g.: {how}"
+    from axoplan.search.fit import memory_fit
+        fit = memory_fit(pred.mem_total_bytes, machine, e.plan.options.framework) if pred else None

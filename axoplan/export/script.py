@@ -45,6 +45,7 @@ from axoplan.inputs.queues import QueueChoice, choose_queue
 from axoplan.inputs.schedulers import Scheduler, scheduler
 from axoplan.inputs.staging import margin_minutes, staged
 from axoplan.records.plan import LaunchConfig
+from axoplan.search.fit import memory_fit
 
 __all__ = ["render_job_script", "job_values", "time_warning", "payload_env", "check_bash_syntax", "submit_command",
            "EXECUTOR_PAYLOAD", "SCRIPT_NAME", "PLAN_NAME"]
@@ -221,6 +222,7 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
         f"{predicted} = wall time {values['walltime']}" if settings.walltime_override_s is None
         else f"{predicted}; wall time {values['walltime']} from --time",
+        f"# memory per GPU: {memory_fit(pred.mem_total_bytes, machine, plan.options.framework).describe()}",
         *([f"# {describe_cost(plan.training)}"] if plan.training is not None else []),
         *([f"# BENCHMARK, NOT TRAINING: this job runs {spend}"]
           if (spend := benchmark_spend(plan, machine, settings)) is not None else []),

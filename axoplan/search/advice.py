@@ -44,7 +44,7 @@ def suggest_global_batches(r: Ranking, usable: np.ndarray, limit: int = 3) -> li
     speed: dict[int, float] = {}
     for b in tried:
         opts = r.options.model_copy(update={"global_batch": b})
-        got = rank(r.model, r.machine, opts, r.world_size)
+        got = rank(r.model, r.machine, opts, r.world_size, r.fit)
         if got.num_feasible:
             best = float(got.column("t_step_s")[got.order[0]])
             speed[b] = b / best  # sequences per second
@@ -116,4 +116,11 @@ def explain_infeasible(r: Ranking) -> str:
     more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
     fix = f"; the smallest GPU count with a feasible layout is {more}" if more else ""
     return (f"no layout of {where} divides {r.model.name}'s dimensions (hidden {r.model.hidden}, "
-            f"FFN {r.model.ffn}, {r.model.num_heads} heads){fix}")
+            f"FFN {r.model.ffn}, {_heads_text(r.model)}){fix}")
+
+
+def _heads_text(model: ModelSpec) -> str:
+    """'56 heads', or '64 query heads and 8 KV heads' where attention is grouped-query."""
+    if model.kv_heads == model.num_heads:
+        return f"{model.num_heads} heads"
+    return f"{model.num_heads} query heads and {model.kv_heads} KV heads"

@@ -38,7 +38,7 @@ from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
 
-__all__ = ["REASONS", "Feasibility", "check"]
+__all__ = ["REASONS", "Feasibility", "check", "heads_not_divided"]
 
 REASONS = ("", "positions", "dims-x", "dims-y", "heads", "batch", "moe", "zblock", "memory")
 
@@ -140,8 +140,22 @@ def _dims(axis: str) -> Callable[[Feasibility, int], str]:
 
 
 def _heads(f: Feasibility, i: int) -> str:
-    m = f.model
-    return f"Gy={f.candidates.gy[i]} does not divide the {m.num_heads} heads ({m.kv_heads} KV heads)"
+    """Names the heads Gy does not divide: with grouped-query attention the KV heads are the limit
+    where Gy divides the query heads (Llama 3.1 70B's 64 query heads and 8 KV heads at Gy=16)."""
+    return f"Gy={f.candidates.gy[i]} {heads_not_divided(f.model, int(f.candidates.gy[i]))}"
+
+
+def heads_not_divided(model: ModelSpec, gy: int) -> str:
+    """'does not divide the 8 KV heads (...)', 'does not divide the 56 heads' or 'divides neither ...'."""
+    q, kv = model.num_heads, model.kv_heads
+    if kv == q:
+        return f"does not divide the {q} heads"
+    if q % gy == 0:
+        return (f"does not divide the {kv} KV heads (grouped-query attention: it divides the {q} query heads, "
+                f"but the KV heads are split over Y too)")
+    if kv % gy == 0:
+        return f"does not divide the {q} query heads"
+    return f"divides neither the {q} query heads nor the {kv} KV heads"
 
 
 def _batch(f: Feasibility, i: int) -> str:

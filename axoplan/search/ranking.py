@@ -1,7 +1,9 @@
 """Rank every candidate of a world size: predict, check feasibility, sort.
 
 Infeasible candidates stay in the table with the first reason that rules them out, so
-"why is layout X not in my top 10?" is answered by the table itself.
+"why is layout X not in my top 10?" is answered by the table itself. Feasible ones are ordered by
+predicted time, except that a layout whose fit in memory is in doubt never comes above one that
+fits within a margin of its time (:mod:`axoplan.search.fit`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.search.feasibility import REASONS, Feasibility, check
+from axoplan.search.fit import TIGHT_LEVEL, FitPolicy, fit_order, fit_probability
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import Layout
 
@@ -40,8 +43,9 @@ class Ranking:
     world_size: int
     prediction: Prediction
     reason: npt.NDArray[np.uint8]  # index into REASONS; 0 = feasible
-    order: npt.NDArray[np.int64]  # feasible first, each part by predicted step time
+    order: npt.NDArray[np.int64]  # feasible first, each part by predicted step time (the fit rule applied)
     feasibility: Feasibility
+    fit: FitPolicy = FitPolicy()
 
     @property
     def candidates(self) -> Candidates:
@@ -106,15 +110,17 @@ class Ranking:
         return int(hits[0])
 
 
-def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: int) -> Ranking:
-    """Rank every layout of `world_size` GPUs (micro-batch and option axes included)."""
+def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: int,
+         fit: FitPolicy | None = None) -> Ranking:
+    """Rank every layout of `world_size` GPUs (micro-batch and option axes included), under the fit
+    policy `fit` (default: :class:`FitPolicy`'s)."""
     if world_size < 1:
         raise AxoplanError(f"--gpus must be a positive number of GPUs, got {world_size}")
     if world_size > MAX_WORLD:
         raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({MAX_WORLD})")
     check_machine_size(machine, world_size)
     check_moe_options(model, options, world_size)
-    return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options))
+    return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options), fit)
 
 
 def check_moe_options(model: ModelSpec, options: RunOptions, world_size: int | None = None) -> None:
@@ -153,14 +159,18 @@ def check_machine_size(machine: Machine, world_size: int) -> None:
 
 
 def rank_candidates(
-    model: ModelSpec, machine: Machine, options: RunOptions, world_size: int, c: Candidates
+    model: ModelSpec, machine: Machine, options: RunOptions, world_size: int, c: Candidates,
+    fit: FitPolicy | None = None,
 ) -> Ranking:
+    """Predict, check and order the candidates `c` (columns ``mem_need_bytes``, ``mem_tight`` and ``p_fit`` added)."""
+    fit = fit or FitPolicy()
     pred = predict(model, machine, options, c)
-    verdict = memory_verdict(pred.columns["mem_total_bytes"], machine, load_framework(options.framework))
+    verdict = memory_verdict(pred.columns["mem_total_bytes"], machine, load_framework(options.framework),
+                             level=TIGHT_LEVEL)
     pred = replace(pred, columns=pred.columns | {"mem_need_bytes": verdict.need_bytes,
-                                                  "mem_tight": verdict.tight.astype(np.float64)})
+                                                  "mem_tight": verdict.tight.astype(np.float64),
+                                                  "p_fit": fit_probability(verdict, TIGHT_LEVEL)})
     feasibility = check(model, options, c, memory=verdict)
     reason = feasibility.reason
-    t = pred.columns["t_step_s"]
-    order = np.lexsort((t, reason != 0))
-    return Ranking(model, machine, options, world_size, pred, reason, order, feasibility)
+    order = fit_order(pred.columns["t_step_s"], pred.columns["p_fit"], reason == 0, fit)
+    return Ranking(model, machine, options, world_size, pred, reason, order, feasibility, fit)
