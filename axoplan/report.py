@@ -103,9 +103,9 @@ def _table_columns(r: Ranking, infeasible: bool, tokens: int | None, wide: bool)
         cols += [("HFU %", True, _timed(lambda rec: f"{rec['pct_peak']:.1f}")),
                  ("exposed comm s", True, _timed(lambda rec: f"{rec['t_comm_exposed_s']:.3f}"))]
     cols.append(("mem GB" if not wide else "mem GB/GPU", True, _memory_cell))
-    if tokens is not None:
     if "p_fit" in r.prediction.columns:
         cols.append(("P(fit)", True, lambda r, i, n: f"{r.row(i)['p_fit']:.2f}"))
+    if tokens is not None:
         for k, header in enumerate(("days", "node-h", "GPU-h")[: 3 if wide else 2]):  # GPU-h: node-h x GPUs/node
             cols.append((header, True, _cost_cell(tokens, k)))
     if infeasible:
@@ -276,9 +276,9 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
         [f"waiting for the slowest of {r.world_size} GPUs (device.speed_variation)", f"{rec['t_straggler_s']:.4f}"],
         ["host-bound idle (the host issues ops slower than the device runs them)", f"{rec['t_host_idle_s']:.4f}"],
     ], [False, True])]
+    lines += _ledger_section(rec)
     lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)",
               _collectives_table(r, i, wide)]
-    lines += _ledger_section(rec)
     lines += ["", _memory_section(r, i, wide)]
     return "\n".join(lines)
 

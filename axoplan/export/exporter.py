@@ -124,10 +124,12 @@ def summary(exports: list[ExportedPlan], out_dir: Path, launcher: LauncherSpec, 
     """What was written, as a table (the memory need with the reserve against the HBM, its verdict and P(fit)),
     and how to submit it."""
     from axoplan.report import text_table
+    from axoplan.search.fit import memory_fit
 
     rows = []
     for e in exports:
         pred = e.plan.prediction
+        fit = memory_fit(pred.mem_total_bytes, machine, e.plan.options.framework) if pred else None
         rows.append([str(e.rank), str(e.plan.layout.to_layout()), str(e.plan.micro_batch),
                      f"{pred.t_step_s:.3f}" if pred else "-",
                      f"{fit.need_bytes / 1e9:.1f}/{fit.hbm_bytes / 1e9:.0f}" if fit else "-",
@@ -143,5 +145,3 @@ def summary(exports: list[ExportedPlan], out_dir: Path, launcher: LauncherSpec, 
     mem = (f"mem: GB per GPU with the reserve / the HBM ({usable} GB of it usable by tensors); fit: the memory verdict "
            "and the probability of fitting (each job script's header says more)")
     return f"{table}\n{mem}\n\nsubmit each from its folder, e.g.: {how}"
-    from axoplan.search.fit import memory_fit
-        fit = memory_fit(pred.mem_total_bytes, machine, e.plan.options.framework) if pred else None
