@@ -91,3 +91,41 @@ def test_figures_are_written_by_extension(tmp_path: Path) -> None:
     with pytest.raises(AxoplanError, match=r"must end in .png, .svg, .pdf"):
         plots.save_figure(fig, tmp_path / "a.jpg")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "a.svg"]  # no temporary files left
+
+
+def _overlapping_tick_labels(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of neighbouring x tick labels whose drawn text would intersect (after a real Agg draw).
+
+    Level labels overlap when their boxes do. Labels slanted by the same angle θ (anchored at their
+    ticks, a horizontal distance d apart) are parallel strips of the text's height h: they are apart
+    when d·sin θ ≥ h. h comes from the drawn box (W = w·cos θ + h·sin θ, H = w·sin θ + h·cos θ)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    pairs = []
+    for a, b, p, q in zip(labels, labels[1:], boxes, boxes[1:], strict=False):
+        theta = np.radians(a.get_rotation())
+        if theta == 0:
+            apart = not p.overlaps(q)
+        else:
+            height = (p.height * np.cos(theta) - p.width * np.sin(theta)) / np.cos(2 * theta)
+            apart = abs(q.x1 - p.x1) * np.sin(theta) >= height
+        if not apart:
+            pairs.append((a.get_text(), b.get_text()))
+    return pairs
+
+
+def test_layout_labels_of_the_interval_and_breakdown_figures_do_not_overlap(table: object) -> None:
+    """Issue 30 item 7: the labels of 320B's top layouts on 32,768 Frontier GCDs (``2x8x128x16/zxy``) ran
+    into each other in `plot intervals` and `plot breakdown`; every pair of neighbours is now apart."""
+    from axoplan.uncertainty.intervals import with_intervals
+    from axoplan.uncertainty.plot import intervals_figure
+
+    ranking = with_intervals(rank(load_model("320B"), load_machine("frontier"), RunOptions(), 32768))
+    for fig in (intervals_figure(ranking, 10), plots.top_layouts(ranking, 10), plots.breakdown(table)):
+        assert len(fig.axes[0].get_xticklabels()) >= 8
+        assert _overlapping_tick_labels(fig) == []

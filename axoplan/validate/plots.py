@@ -26,6 +26,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.search.ranking import Ranking, rank
+from axoplan.uncertainty.plot import layout_ticks
 from axoplan.validate.compare import PREDICTED_PARTS
 
 __all__ = ["PARTS", "predicted_vs_measured", "breakdown", "top_layouts", "scaling_points", "scaling",
@@ -109,8 +110,7 @@ def breakdown(table: pd.DataFrame, max_plans: int = 12, title: str = "") -> Figu
         ax.bar(x + width / 2, meas, width, bottom=meas_base, color=_COLORS[part], hatch="//", edgecolor="white")
         pred_base += pred
         meas_base += meas
-    labels = [f"{r['layout']}\nmbs {r['micro_batch']}" for _, r in rows.iterrows()]
-    ax.set_xticks(x, labels, fontsize="small")
+    layout_ticks(ax, [f"{r['layout']} mbs {r['micro_batch']}" for _, r in rows.iterrows()])
     first = rows.iloc[0]
     ax.set(ylabel="s / iteration", title=title or f"predicted (left) vs measured (right, hatched): {first['model']}, "
            f"{first['world_size']} GPUs, batch {first['global_batch']}")
@@ -137,8 +137,7 @@ def top_layouts(ranking: Ranking, top: int = 8) -> Figure:
     if "t_low_s" in ranking.prediction.columns:
         _interval_whiskers(ax, x, ranking, feasible)
     c = ranking.candidates
-    labels = [f"{c.layout(i)}\nmbs {c.micro_batch[i]}" for i in feasible]
-    ax.set_xticks(x, labels, fontsize="small")
+    layout_ticks(ax, [f"{c.layout(i)} mbs {c.micro_batch[i]}" for i in feasible])
     ax.set(ylabel="predicted s / iteration",
            title=f"top {len(feasible)} layouts: {ranking.model.name} on {ranking.world_size} GPUs of "
                  f"{ranking.machine.name}")
