@@ -29,6 +29,7 @@ import bisect
 import gzip
 import io
 import json
+import math
 import re
 import sys
 import zlib
@@ -164,12 +165,12 @@ class _Events:
 
     def add(self, e: dict[str, Any]) -> None:
         """Keep what one event contributes."""
-        if e.get("ph") != "X" or not isinstance(e.get("ts"), int | float):
+        ts, dur = _finite(e.get("ts")), _finite(e.get("dur", 0.0))
+        if e.get("ph") != "X" or ts is None:
             return
-        cat, name, ts = e.get("cat"), str(e.get("name", "")), float(e["ts"])
+        dur = max(dur or 0.0, 0.0)  # Kineto writes -1 for an activity whose end it missed
+        cat, name = e.get("cat"), str(e.get("name", ""))
         args: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
-        dur = e.get("dur", 0.0)
-        dur = float(dur) if isinstance(dur, int | float) else 0.0
         corr = args.get("correlation") if isinstance(args.get("correlation"), int) else None
         if cat == "kernel":
             name = sys.intern(name)
@@ -230,8 +231,8 @@ class _Events:
                                      list[str]]:
         """Each step's host interval [start, end) and label, and what the steps were found from."""
         if self.markers:
-            self.markers.sort()
-            return [(a, b) for a, b, _ in self.markers], "ProfilerStep", [m for _, _, m in self.markers]
+            markers = sorted({m: (a, b, m) for a, b, m in sorted(self.markers, reverse=True)}.values())  # each once
+            return [(a, b) for a, b, _ in markers], "ProfilerStep", [m for _, _, m in markers]
         ends = _optimizer_ends([k.cls for k in self.kernels])
         if not ends:
             return [(-float("inf"), float("inf"))], "whole trace", ["whole trace"]
@@ -293,6 +294,13 @@ def _optimizer_ends(classes: list[KernelClass]) -> list[int]:
     if last_opt is not None:
         ends.append(last_opt + 1)
     return ends
+
+
+def _finite(value: Any) -> float | None:
+    """`value` as a float if it is a finite number (Python's json reads NaN and Infinity too), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def _union_us(spans: list[tuple[float, float]]) -> float:
