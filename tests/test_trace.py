@@ -289,16 +289,18 @@ def test_a_trace_without_markers_or_optimizer_is_one_step(tmp_path: Path) -> Non
 
 def test_a_marker_written_twice_is_one_step_and_odd_events_are_skipped(tmp_path: Path) -> None:
     """ProfilerStep#1 as an annotation and as a cpu_op (PyTorch before 1.11 wrote the latter); an event with a
-    NaN time, a kernel whose end Kineto missed (dur -1), instant events and a bare number are passed over."""
+    NaN start is passed over, as are instant events and a bare number; a kernel whose end Kineto missed (dur -1)
+    or whose duration is NaN counts with no time."""
     marker = {"ph": "X", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0, "args": {}}
     events = [{**marker, "cat": "user_annotation"}, {**marker, "cat": "cpu_op"},
               _launch(10.0, 1), _kernel(GEMM, 20.0, 1), _launch(30.0, 2), _kernel(GEMM, 40.0, 2, dur=-1.0),
+              _launch(50.0, 4), {**_kernel(GEMM, 60.0, 4), "dur": float("nan")},
               {**_kernel(GEMM, 0.0, 3), "ts": float("nan")}, {"ph": "i", "name": "x", "ts": 1.0}, 7]
     path = tmp_path / "odd.json"
     path.write_text(json.dumps({"traceEvents": events}))  # json writes NaN, as Python's json reads it
     s = read_trace(path)
     assert [st.label for st in s.steps] == ["ProfilerStep#1"]
-    assert s.steps[0].kernels == 2 and s.steps[0].kernel_s == pytest.approx(10e-6)
+    assert s.steps[0].kernels == 3 and s.steps[0].kernel_s == pytest.approx(10e-6)  # no time for the NaN duration
 
 
 # ---- reading the file ----------------------------------------------------------------------------------------
