@@ -23,6 +23,7 @@ from tests.conftest import REPO, run_cli, run_cli_here
 
 VTRAIN = str(REPO / "data" / "measured" / "vtrain_a100_single_node_pp1.csv")
 CPU_RUNS = str(REPO / "data" / "measured" / "cpu-gloo" / "runs.jsonl")
+GPT2_TRACE = str(REPO / "data" / "measured" / "gpu-h100-h200" / "trace-gpt2-1.3b-s2048-mb4-h100.json.gz")
 RANK = ("rank", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
 EXPLAIN = ("explain", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
 EXPORT = ("export", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
@@ -151,6 +152,14 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
      "does not exist"),
     ("probe-out-under-file", ("probe", "-o", "afile/p.yaml", "--local", "1", "--machine", "local-cpu"), "afile"),
     ("probe-unknown-machine", ("probe", "-o", "p.yaml", "--local", "1", "--machine", "nowhere"), "unknown machine"),
+    # --- trace (issue 31) ---
+    ("trace-missing", ("trace", "nothere.json.gz"), "does not exist"),
+    ("trace-folder", ("trace", "adir"), "is a folder"),
+    ("trace-binary", ("trace", "binary.json"), "not a UTF-8 text file"),
+    ("trace-text", ("trace", "existing.txt"), "is not a chrome trace: not JSON"),
+    ("trace-other-json", ("trace", "tokenizer_config.json"), "without a traceEvents list"),
+    ("trace-cut-json", ("trace", "broken-config.json"), "its JSON ends early"),
+    ("trace-format-bad", ("trace", GPT2_TRACE, "--format", "xml"), "'xml' is not one of"),
     # --- validate ---
     ("validate-missing", ("validate", "nothere.jsonl"), "does not exist"),
     ("validate-folder", ("validate", "adir"), "is a folder"),

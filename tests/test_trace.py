@@ -369,7 +369,7 @@ def test_a_cpu_only_trace_is_read_and_refused_for_holding_no_gpu_kernels(cpu_tra
     ("bad.json", b'{"traceEvents": {"ph": "X"}}', r"its traceEvents is not a list"),
     ("cut.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "na', r"its JSON ends early, after 49 characters"),
     ("broken.json", b'{"traceEvents": [{"ph": "X"} {"ph": "X"}]}' + b" " * 100, r"not valid JSON at character 29"),
-    ("binary.json", b"\xff\xfe\x00\x01" * 8, r"not UTF-8 text"),
+    ("binary.json", b"\xff\xfe\x00\x01" * 8, r"is not a chrome trace: not a UTF-8 text file; give"),
     ("plain.json.gz", b'{"traceEvents": []}', r"ends in \.gz but is not gzip \(it starts with b'\{\"'\)"),
     ("cut.json.gz", gzip.compress(b'{"traceEvents": []}' * 50)[:30], r"damaged or cut-off gzip file"),
     ("none.json", b'{"traceEvents": [], "deviceProperties": []}', r"holds no GPU kernels \(0 CPU ops\)"),

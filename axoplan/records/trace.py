@@ -364,8 +364,7 @@ class _ChromeTraceStream:
     def _unreadable(self, exc: BaseException) -> AxoplanError:
         """One line for a file that fails while being read."""
         if isinstance(exc, UnicodeDecodeError):
-            return AxoplanError(f"trace {self.path} is not a chrome trace: not UTF-8 text; give the .json or .json.gz "
-                                f"that torch.profiler's export_chrome_trace wrote")
+            return self._not_trace("not a UTF-8 text file")
         if isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile):
             return AxoplanError(f"trace {self.path} is a damaged or cut-off gzip file ({exc}); copy it again whole")
         return file_error(self.path, exc, "trace")
