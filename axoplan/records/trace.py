@@ -8,7 +8,7 @@ gzipped: a JSON object whose ``traceEvents`` list holds complete events (``ph: "
 (Kineto's ``ActivityType`` names, ``libkineto/src/ActivityType.cpp``): ``kernel``, ``gpu_memset`` and
 ``gpu_memcpy`` on the GPU's streams, ``cuda_runtime``/``cuda_driver`` calls on the host (each with the
 ``correlation`` id of the GPU work it launched), ``cpu_op`` for each aten op (with ``Input Dims`` where
-``record_shapes=True``), ``user_annotation`` for ``ProfilerStep#N`` and ``Optimizer.step#...``. The
+``record_shapes=True``), ``user_annotation`` for ``ProfilerStep#N`` markers. The
 events are read one at a time, so a trace of tens of MB never sits in memory as one document.
 
 Steps come from the trace's own ``ProfilerStep#N`` markers (a ``schedule`` or ``prof.step()``): a GPU
@@ -77,7 +77,8 @@ class HostSyncs(Frozen):
 class TraceStep(Frozen):
     """One training step of the trace."""
 
-    label: str = Field(description="'ProfilerStep#N', or 'step N' counted from the optimizer's kernels.")
+    label: str = Field(description="'ProfilerStep#N', 'step N' counted from the optimizer's kernels, or "
+                                   "'whole trace'.")
     kernels: int = Field(ge=0)
     kernel_s: float = Field(ge=0, description="Summed kernel durations (profile.py's gpu_busy_s_per_step).")
     busy_s: float = Field(ge=0, description="GPU time with any kernel, memset or copy running (overlaps once).")
