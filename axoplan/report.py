@@ -13,6 +13,7 @@ import numpy as np
 
 from axoplan.cost.model import CollectiveTerm
 from axoplan.inputs.axes import AXIS_DEFS, order_name
+from axoplan.records.numbers import json_numbers
 from axoplan.search.ranking import Ranking
 from axoplan.space.layout import Layout
 
@@ -238,7 +239,8 @@ def format_json(r: Ranking, rows: Sequence[int], tokens: int | None = None) -> s
     doc = {
         "model": r.model.model_dump(), "machine": r.machine.name, "world_size": r.world_size,
         "options": r.options.model_dump(mode="json"), "candidates": len(r.candidates),
-        "feasible": r.num_feasible, "tokens": tokens, "rows": _records(r, rows, tokens),
+        "feasible": r.num_feasible, "tokens": tokens,
+        "rows": [json_numbers(rec) for rec in _records(r, rows, tokens)],  # counts and bytes as integers
     }
     return json.dumps(doc, indent=1, allow_nan=False) + "\n"
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PositiveInt, ValidationError, model_validator
+from pydantic import Field, PositiveInt, ValidationError, field_serializer, model_validator
 
 from axoplan.cost.budget import TrainingCost, steps_for
 from axoplan.errors import AxoplanError
@@ -23,6 +23,7 @@ from axoplan.inputs.axes import AXIS_DEFS, DEFAULT_ORDER, FIELDS, TpOrderName, o
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.inputs.schema import Frozen, describe_validation_error
+from axoplan.records.numbers import is_whole, json_numbers
 from axoplan.space.layout import Layout, sequences_per_micro_step, xy_batch_shards
 
 __all__ = ["SCHEMA_VERSION", "LayoutSpec", "PredictedStep", "LaunchConfig", "plan_id", "plan_from_ranking"]
@@ -65,6 +66,15 @@ class PredictedStep(Frozen):
     tflops_per_gpu: float = Field(ge=0)
     pct_peak: float = Field(ge=0)
     breakdown: dict[str, float] = Field(default_factory=dict, description="Every column of the prediction.")
+
+    @field_serializer("mem_total_bytes")
+    def _whole_bytes(self, value: float) -> float | int:
+        return json_numbers({"mem_total_bytes": value})["mem_total_bytes"]
+
+    @field_serializer("breakdown")
+    def _whole_columns(self, value: dict[str, float]) -> dict[str, Any]:
+        """Counts, flags and bytes written as integers (:mod:`axoplan.records.numbers`)."""
+        return json_numbers(value)
 
 
 class LaunchConfig(Frozen):
@@ -233,7 +243,8 @@ def plan_from_ranking(ranking: Any, index: int, machine_ref: str | None = None) 
         raise AxoplanError(f"layout {c.layout(index)} is infeasible: {rec['reason']}")
     from axoplan.uncertainty.intervals import INTERVAL_COLUMNS
 
-    numeric = {k: v for k, v in rec.items() if isinstance(v, float) and k not in INTERVAL_COLUMNS}
+    numeric = {k: float(v) for k, v in rec.items() if k not in INTERVAL_COLUMNS and (  # a saved row: whole as int
+        isinstance(v, float) or (is_whole(k) and isinstance(v, int) and not isinstance(v, bool)))}
     pred = PredictedStep(t_step_s=rec["t_step_s"], t_compute_s=rec["t_compute_s"],
                          t_comm_exposed_s=rec["t_comm_exposed_s"], mem_total_bytes=rec["mem_total_bytes"],
                          tflops_per_gpu=rec["tflops_per_gpu"], pct_peak=rec["pct_peak"], breakdown=numeric)
