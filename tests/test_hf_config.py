@@ -211,3 +211,19 @@ def test_a_changed_preset_is_named_for_what_it_is(tmp_path: Path):
     assert "# axoplan export, rank 1: 20B (custom: 4 layers) on 8 x" in (plan.parent / "job.sh").read_text()
     assert load_model("20B", num_layers=32).name == "20B"  # the preset's own value changes nothing
     assert load_model("llama3.1-8B", hidden=2048, num_heads=16).name == "llama3.1-8B (custom: hidden 2048, 16 heads)"
+
+
+def test_the_executor_refuses_what_it_does_not_build(tmp_path: Path):
+    """A Qwen3 config whose heads are 32 features on a 64-wide model plans and exports; the executor, which builds
+    hidden/num_heads-wide heads, refuses to run it instead of timing another model."""
+    path = _config(tmp_path, "tiny-qwen3", {
+        "model_type": "qwen3", "hidden_act": "silu", "hidden_size": 64, "head_dim": 32, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "tie_word_embeddings": False,
+        "vocab_size": 128})
+    done = run_cli_here("export", "--model", str(path), "--seq-len", "16", "--gpus", "2", "--machine", "local-cpu",
+                        "--global-batch", "8", "--top", "1", "--allow-partial-nodes", "--out-dir", str(tmp_path / "p"))
+    assert done.returncode == 0, done.stderr
+    [plan] = (tmp_path / "p").glob("*/plan.json")
+    assert json.loads(plan.read_text())["model"]["attention_head_dim"] == 32
+    ran = run_cli_here("run", str(plan), "--local", "2")
+    assert ran.returncode == 2 and "builds heads of hidden/num_heads features" in ran.stderr
