@@ -56,6 +56,10 @@ def export(
     container: Annotated[str | None, typer.Option(
         "--container", envvar="AXOPLAN_CONTAINER", help="Container image or environment (Alps: EDF TOML). "
         + _SITE_HELP.format("CONTAINER"), show_default=False)] = None,
+    net_plugin: Annotated[str | None, typer.Option(
+        "--net-plugin", envvar="AXOPLAN_NET_PLUGIN", help="Folder of the collective library's network plugin where "
+        "the centre does not load it (El Capitan, Tuolumne: the aws-ofi-rccl build for your PyTorch's ROCm; "
+        "docs/export.md). " + _SITE_HELP.format("NET_PLUGIN"), show_default=False)] = None,
     iterations: Annotated[int | None, typer.Option(
         "--iterations", min=1, help="Iterations the job runs; wall time = predicted s/iter x iterations + margin. "
                                     "Default: the steps --tokens needs, else 100.", show_default=False)] = None,
@@ -93,7 +97,7 @@ def export(
     from axoplan.report import fit_note
 
     site = {"account": account, "partition": partition, "qos": qos, "queue": queue, "python_env": python_env,
-            "container": container}
+            "container": container, "net_plugin": net_plugin}
     n_tokens = parse_tokens(tokens) if tokens is not None else None
     settings = _settings(iterations=iterations or 100, margin_minutes=margin_minutes, command=command,
                          benchmark=benchmark,

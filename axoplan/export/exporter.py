@@ -51,6 +51,7 @@ def top_indices(source: Ranking | SavedRanking, k: int) -> list[int]:
 def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
                     settings: JobSettings, indices: list[int] | None = None) -> list[ExportedPlan]:
     """Launch configs and job scripts of the k best feasible layouts (or of `indices`), in memory."""
+    _refuse_an_undrivable_payload(source.machine, settings)
     indices = top_indices(source, k) if indices is None else indices
     if not indices:
         raise AxoplanError(f"no feasible layout to export among the {source.world_size}-GPU candidates; "
@@ -65,6 +66,19 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
         values = job_values(plan, source.machine, settings, folder)
         out.append(ExportedPlan(n, folder, plan, script, int(values["nodes"]), values["walltime"]))
     return out
+
+
+def _refuse_an_undrivable_payload(machine: Any, settings: JobSettings) -> None:
+    """Without --command the scripts run `axoplan run`: refused where the executor cannot drive the devices."""
+    from axoplan.executor.hardware import EXECUTOR_DEVICES, executor_drives
+
+    launcher = machine.launcher
+    if settings.command is not None or launcher is None or executor_drives(launcher.torch_device):
+        return
+    raise AxoplanError(f"machine {machine.name!r} runs PyTorch on its {machine.device.name} as "
+                       f"'{launcher.torch_device}' devices, which `axoplan run` cannot drive (it runs on "
+                       f"{' and '.join(repr(d) for d in EXECUTOR_DEVICES)} devices only), so its job scripts need "
+                       f"your training command: give --command 'python train.py ...'")
 
 
 def _refuse_unmeant_benchmark(plan: LaunchConfig, machine: Any, settings: JobSettings) -> None:

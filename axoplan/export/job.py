@@ -50,7 +50,7 @@ class SiteSettings(Frozen):
 
     An account, partition, QOS or queue must be a plain name (:data:`SCHEDULER_NAME`: letters, digits,
     ``_ . : + -``, not starting with ``-``): it goes into a scheduler directive. A Python
-    environment or container path may hold spaces and the like (the script quotes it), but no
+    environment, container or network plugin path may hold spaces and the like (the script quotes it), but no
     quotes, ``$``, backquotes, backslashes or control characters.
     """
 
@@ -60,6 +60,9 @@ class SiteSettings(Frozen):
     queue: str | None = Field(None, description="PBS or Flux queue (-q).")
     python_env: str | None = Field(None, description="Python environment with PyTorch and axoplan (venv or conda).")
     container: str | None = Field(None, description="Container image or environment (Alps: EDF TOML).")
+    net_plugin: str | None = Field(None, description="Folder holding the collective library's network plugin where "
+                                                     "the centre does not load it (El Capitan: aws-ofi-rccl's "
+                                                     "librccl-net.so, the build for your PyTorch's ROCm).")
 
     @field_validator(*SCHEDULER_NAMES)
     @classmethod
@@ -71,7 +74,7 @@ class SiteSettings(Frozen):
                              f"(not starting with -)")
         return v
 
-    @field_validator("python_env", "container")
+    @field_validator("python_env", "container", "net_plugin")
     @classmethod
     def _shell_safe(cls, v: str | None, info: ValidationInfo) -> str | None:
         reason = unsafe_text(v) if v is not None else None

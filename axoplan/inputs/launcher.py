@@ -20,6 +20,7 @@ from typing import Final
 from pydantic import Field, model_validator
 
 from axoplan.errors import closest_hint
+from axoplan.executor.hardware import TorchDevice
 from axoplan.inputs.queues import QueueLimit
 from axoplan.inputs.schedulers import SchedulerName, scheduler
 from axoplan.inputs.schema import Frozen
@@ -28,7 +29,7 @@ from axoplan.inputs.staging import StagingSpec
 __all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "PLACEHOLDER", "fill", "placeholders_in",
            "placeholder_text"]
 
-SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container", "queue")
+SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container", "queue", "net_plugin")
 """Values that belong to the user or the site: flags, AXOPLAN_* variables, YAML defaults, else ``<NAME>``."""
 
 JOB_VALUES: Final = ("nodes", "tasks", "tasks_per_node", "gpus_per_node", "walltime", "job_name", "plan_id")
@@ -96,6 +97,10 @@ class LauncherSpec(Frozen):
                         "(axoplan.inputs.queues).")
     staging: StagingSpec | None = Field(
         None, description="Broadcast the Python environment to node-local storage above a node count.")
+    torch_device: TorchDevice = Field(
+        "cuda", description="PyTorch's device type in the job's environment: 'cuda' (NVIDIA, and AMD through ROCm), "
+                            "'xpu' (Intel GPUs) or 'cpu'. Where `axoplan run` cannot drive it "
+                            "(axoplan.executor.hardware.EXECUTOR_DEVICES), export requires --command.")
 
     @model_validator(mode="after")
     def _check(self) -> LauncherSpec:

@@ -66,4 +66,4 @@ mpiexec -n 768 --ppn 12 --cpu-bind=verbose,list:4-7:8-11:12-15:16-19:20-23:24-27
     bash -c '
         export RANK="$PMI_RANK" LOCAL_RANK="$PALS_LOCAL_RANKID" WORLD_SIZE="$PMI_SIZE"
         exec "$@"' axoplan-task \
-    python -u -m axoplan run "$AXOPLAN_PLAN"
+    python train.py

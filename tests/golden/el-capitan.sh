@@ -19,12 +19,18 @@
 set -eo pipefail
 
 export HSA_XNACK="1"
+export RCCL_PLUGIN_DIR="<NET_PLUGIN>"
+export LD_LIBRARY_PATH="$RCCL_PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export HSA_FORCE_FINE_GRAIN_PCIE="1"
 export NCCL_NET_GDR_LEVEL="PHB"
 export NCCL_CROSS_NIC="1"
-export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"
+export NCCL_SOCKET_IFNAME="hsi0"
 export FI_MR_CACHE_MONITOR="userfaultfd"
 export FI_CXI_DISABLE_HOST_REGISTER="1"
 export FI_CXI_DEFAULT_CQ_SIZE="131072"
+export FI_CXI_DEFAULT_TX_SIZE="1024"
+export FI_CXI_RX_MATCH_MODE="hybrid"
+export FI_CXI_RDZV_PROTO="alt_read"
 export FI_CXI_RDZV_EAGER_SIZE="0"
 export FI_CXI_RDZV_THRESHOLD="0"
 export FI_CXI_RDZV_GET_MIN="0"
@@ -36,6 +42,7 @@ export MASTER_ADDR
 export MASTER_PORT="29500"
 
 source "<PYTHON_ENV>/bin/activate"
+if (( 256 > 1 )); then export NCCL_NET=OFI; if [[ ! -e "$RCCL_PLUGIN_DIR/librccl-net.so" ]]; then echo "job.sh: no RCCL network plugin librccl-net.so in $RCCL_PLUGIN_DIR, so RCCL could not use Slingshot; export again with --net-plugin set to the aws-ofi-rccl build for your PyTorch ROCm version" >&2; exit 1; fi; fi
 
 # the launch config, and the layout as variables for the payload (see docs/export.md)
 export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"
@@ -59,7 +66,7 @@ export AXOPLAN_CACHE_WEIGHTS=1
 export AXOPLAN_ITERATIONS=100
 
 # shellcheck disable=SC2016  # the quoted lines run, and expand, inside every task
-flux run -N 256 -n 1024 -g 1 -o gpu-affinity=per-task \
+flux run -N 256 -n 1024 -g 1 -o gpu-affinity=per-task --setattr=rdzv_get_en=0 \
     bash -c '
         export RANK="$FLUX_TASK_RANK" LOCAL_RANK="$FLUX_TASK_LOCAL_ID" WORLD_SIZE="$FLUX_JOB_SIZE"
         mkdir -p "$MIOPEN_USER_DB_PATH"

@@ -31,6 +31,8 @@ MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export MASTER_ADDR
 export MASTER_PORT="1${SLURM_JOB_ID:0-4}"
 
+if (( SLURM_JOB_NUM_NODES > 1 )); then export NCCL_NET=OFI; fi
+
 # the launch config, and the layout as variables for the payload (see docs/export.md)
 export AXOPLAN_PLAN="${AXOPLAN_PLAN:-$PWD/plan.json}"
 if [ ! -f "$AXOPLAN_PLAN" ]; then
