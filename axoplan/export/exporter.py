@@ -78,7 +78,7 @@ def _refuse_an_undrivable_payload(machine: Any, settings: JobSettings) -> None:
     raise AxoplanError(f"machine {machine.name!r} runs PyTorch on its {machine.device.name} as "
                        f"'{launcher.torch_device}' devices, which `axoplan run` cannot drive (it runs on "
                        f"{' and '.join(repr(d) for d in EXECUTOR_DEVICES)} devices only), so its job scripts need "
-                       f"your training command: give --command 'python train.py ...'")
+                       f"your training command: axoplan export ... --command 'python train.py ...'")
 
 
 def _refuse_unmeant_benchmark(plan: LaunchConfig, machine: Any, settings: JobSettings) -> None:
