@@ -227,3 +227,19 @@ def test_the_executor_refuses_what_it_does_not_build(tmp_path: Path):
     assert json.loads(plan.read_text())["model"]["attention_head_dim"] == 32
     ran = run_cli_here("run", str(plan), "--local", "2")
     assert ran.returncode == 2 and "builds heads of hidden/num_heads features" in ran.stderr
+
+
+
+def test_attention_is_as_wide_as_the_heads_a_config_sets(tmp_path: Path):
+    """Qwen3-30B-A3B's 32 heads of 128 features are 4,096 wide on a 2,048-wide model: its model flops per token are
+    6·(active GEMM parameters) + 12·L·S·4096 (torchtitan's count with the heads' width), by hand."""
+    from axoplan.cost.flops import model_flops
+    from axoplan.inputs.options import RunOptions
+
+    model = load_model(_config(tmp_path, "qwen3", QWEN3_30B_A3B))
+    options = RunOptions(global_batch=8, seq_len=4096)
+    h, layers, seq = 2048, 48, 4096
+    block = h * (32 + 2 * 4) * 128 + 32 * 128 * h + 8 * 3 * h * 768  # q/k/v, o, the 8 experts a token runs
+    per_token = 6.0 * (layers * block + 151936 * h) + 12.0 * layers * seq * (32 * 128)
+    assert model.attention_width == 4096
+    assert model_flops(model, options) == pytest.approx(options.tokens * per_token, rel=1e-12)

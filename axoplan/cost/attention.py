@@ -55,8 +55,8 @@ def causal_fraction(seq_len: int, block: int = CAUSAL_BLOCK) -> float:
 
 def fused_forward_flops(model: ModelSpec, options: RunOptions, c: Candidates) -> Floats:
     """Forward flops of one layer's fused attention per micro-batch on one GPU, as the kernel computes
-    them under the causal mask: ``4·mbs·S²·H/Gy · (n+1)/(2n)``."""
-    full = 4.0 * c.micro_batch * float(options.seq_len) ** 2 * model.hidden / c.gy.astype(np.float64)
+    them under the causal mask: ``4·mbs·S²·H/Gy · (n+1)/(2n)``, H the heads' width (``ModelSpec.attention_width``)."""
+    full = 4.0 * c.micro_batch * float(options.seq_len) ** 2 * model.attention_width / c.gy.astype(np.float64)
     return full * causal_fraction(options.seq_len)
 
 

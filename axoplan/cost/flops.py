@@ -41,7 +41,7 @@ def _gemm_params(model: ModelSpec) -> float:
 
 def model_flops(model: ModelSpec, options: RunOptions) -> float:
     """Flops one step must do, whatever the layout."""
-    attention = 12.0 * model.num_layers * options.seq_len * model.hidden
+    attention = 12.0 * model.num_layers * options.seq_len * model.attention_width  # H unless a config's head_dim
     return options.tokens * (6.0 * _gemm_params(model) + attention)
 
 
@@ -52,7 +52,7 @@ def hardware_flops(
     per_block = _active_block_params(model)
     rec = recompute.astype(np.float64)
     gemm = options.tokens * (6.0 * _gemm_params(model) + rec * 2.0 * model.num_layers * per_block)
-    attention_fwd = 4.0 * options.tokens * model.num_layers * options.seq_len * model.hidden
+    attention_fwd = 4.0 * options.tokens * model.num_layers * options.seq_len * model.attention_width
     if options.attention == "unfused":
         attention = attention_fwd * (3.0 + rec)
     else:
