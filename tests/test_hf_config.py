@@ -243,3 +243,22 @@ def test_attention_is_as_wide_as_the_heads_a_config_sets(tmp_path: Path):
     per_token = 6.0 * (layers * block + 151936 * h) + 12.0 * layers * seq * (32 * 128)
     assert model.attention_width == 4096
     assert model_flops(model, options) == pytest.approx(options.tokens * per_token, rel=1e-12)
+
+
+def test_activations_keep_queries_as_wide_as_the_heads(tmp_path: Path):
+    """Korthikanti et al.'s activation bytes with Qwen3-30B-A3B's 4,096-wide queries and attention output
+    (not the 2,048 hidden): per token and block at Gx = Gy = 1, by hand (cost/memory.py's docstring terms)."""
+    import numpy as np
+
+    from axoplan.cost.memory import activation_bytes_per_token
+    from axoplan.inputs.framework import load_framework
+    from axoplan.inputs.options import RunOptions
+
+    model = load_model(_config(tmp_path, "qwen3", QWEN3_30B_A3B))
+    profile = load_framework("axonn")
+    dropout = float(profile.memory.dropout)
+    one = np.ones(1)
+    got = activation_bytes_per_token(model, RunOptions(), profile, one, one)[0]
+    norms = (8.0 + 2.0 * dropout) * 2048
+    qkv, attention_out, mlp = 2.0 * (4096 + 2 * 4 * 128), 2.0 * 4096, 6.0 * 8 * 768  # SwiGLU of the 8 experts run
+    assert got == pytest.approx(norms + qkv + attention_out + mlp)

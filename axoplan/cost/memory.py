@@ -185,9 +185,10 @@ def activation_bytes_per_token(model: ModelSpec, options: RunOptions, profile: F
     """Bytes one block keeps per token for its backward (the module docstring's terms)."""
     h, f, dropout = float(model.hidden), float(mlp_width(model)), float(profile.memory.dropout)
     x_part = (8.0 + 2.0 * dropout) * h
-    qkv = BYTES_BF16 * (h + 2.0 * model.kv_heads * model.head_dim)
+    heads = float(model.attention_width)  # H, unless a config sets head_dim apart (Qwen3)
+    qkv = BYTES_BF16 * (heads + 2.0 * model.kv_heads * model.head_dim)
     mlp = (6.0 if model.ffn_kind == "swiglu" else 4.0) * f
-    y_part = qkv + BYTES_BF16 * h + mlp
+    y_part = qkv + BYTES_BF16 * heads + mlp
     if options.attention == "unfused":
         y_part = y_part + (2.0 + 3.0 * dropout) * model.num_heads * options.seq_len
     return x_part / gx + y_part / gy
