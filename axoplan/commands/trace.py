@@ -75,19 +75,18 @@ def _csv(summary: TraceSummary) -> str:
 
 def _table(summary: TraceSummary) -> str:
     """The head line, then one block per step: the classes with any GPU time, most first, and a total."""
-    from axoplan.report import text_table
+    from axoplan.report import plural, text_table
 
-    n = len(summary.steps)
-    head = (f"{Path(summary.path).name}: {summary.device or 'device not named'}, {n} step{'s' if n != 1 else ''} from "
-            f"{_FROM[summary.steps_from]}")
+    head = (f"{Path(summary.path).name}: {summary.device or 'device not named'}, {plural(len(summary.steps), 'step')} "
+            f"from {_FROM[summary.steps_from]}")
     if summary.outside_kernels:
-        head += f"; {summary.outside_kernels} kernels outside any step (not counted)"
+        head += f"; {plural(summary.outside_kernels, 'kernel')} outside any step (not counted)"
     blocks = [head]
     for step in summary.steps:
-        rows = [[cls, f"{t.seconds:.4f}", f"{_share(t.seconds, step):.1f}", str(t.kernels)]
+        rows = [[cls, f"{t.seconds:.5f}", f"{_share(t.seconds, step):.1f}", str(t.kernels)]
                 for cls, t in sorted(step.by_class.items(), key=lambda kv: -kv[1].seconds) if t.seconds > 0]
         total = sum(t.seconds for t in step.by_class.values())
-        rows.append(["total", f"{total:.4f}", "100.0" if total > 0 else "0.0", str(step.kernels)])
+        rows.append(["total", f"{total:.5f}", "100.0" if total > 0 else "0.0", str(step.kernels)])
         blocks.append(f"\n{_step_line(step)}\n" + text_table(["class", "seconds", "share %", "kernels"], rows,
                                                              [False, True, True, True]))
     blocks.append("\nseconds: summed durations of the class's kernels (memsets and device copies as memset and "
