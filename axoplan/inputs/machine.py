@@ -334,6 +334,9 @@ class KernelModel(Frozen):
     unaligned_gemm_efficiency: float = Field(
         1.0, gt=0, le=1, description="A GEMM whose dimension is not a multiple of 8 runs on align1 kernels at this "
         "fraction of the aligned speed.")
+    derived: tuple[str, ...] = Field(
+        (), description="Op classes whose numbers were taken from another device's measurement, not measured on "
+        "this one (they widen the prediction interval: axoplan.uncertainty.reach).")
 
     def of(self, op_class: OpClass) -> float:
         return float(getattr(self, op_class))

@@ -124,7 +124,7 @@ class Intervals:
 
 def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, level: float = 0.8,
               contenders: npt.NDArray[np.bool_] | None = None, samples: int = 400, seed: int = 0,
-              tie_probability: float = 0.1, beat_s: float = np.inf) -> Intervals:
+              tie_probability: float = 0.1, beat_s: float = np.inf, reach_sigma: Floats | None = None) -> Intervals:
     """Central `level` interval of every candidate and P(best) over the contenders.
 
     A candidate is *tied* with the best point prediction when it beats it in at least
@@ -132,8 +132,14 @@ def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, l
     time already measured: a draw's winner counts only if it is faster, so P(best) is the
     probability that the candidate is faster than the measured one and every other
     candidate (the probabilities then sum to at most 1; the rest is the measured one's).
+
+    `reach_sigma` (per candidate, :mod:`axoplan.uncertainty.reach`) widens each interval like the model error, but
+    is one error shared by every candidate of the prediction (a framework, device or family priced beyond what
+    was measured misses all its layouts the same way): in the draws it moves them together, so it never changes
+    which is fastest, only whether one beats `beat_s`.
     """
-    var = np.einsum("np,pq,nq->n", jac, log_cov, jac) + model_sigma**2
+    reach = np.zeros(t0.shape) if reach_sigma is None else np.broadcast_to(reach_sigma, t0.shape)
+    var = np.einsum("np,pq,nq->n", jac, log_cov, jac) + model_sigma**2 + reach**2
     q = NormalDist().inv_cdf(0.5 + level / 2.0) * np.sqrt(var)
     low, high = t0 * np.exp(-q), t0 * np.exp(q)
     mask = np.ones(t0.size, bool) if contenders is None else contenders
@@ -144,7 +150,8 @@ def intervals(t0: Floats, jac: Floats, log_cov: Floats, model_sigma: float, *, l
         chol = _sqrt_psd(log_cov)
         z = rng.standard_normal((samples, log_cov.shape[0])) @ chol.T
         eps = rng.standard_normal((samples, idx.size)) * model_sigma
-        logt = np.log(t0[idx])[None, :] + z @ jac[idx].T + eps
+        shared = np.random.default_rng(seed + 1).standard_normal((samples, 1)) * reach[idx][None, :]
+        logt = np.log(t0[idx])[None, :] + z @ jac[idx].T + eps + shared
         winner = np.argmin(logt, axis=1)
         won = logt[np.arange(samples), winner] < np.log(beat_s)
         p_best[idx] = np.bincount(winner[won], minlength=idx.size) / samples
@@ -174,9 +181,11 @@ def machine_spread(machine: Machine) -> tuple[ParameterSpread, float]:
 def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int = 0,
                    beat_s: float = np.inf) -> Ranking:
     """`r` with columns ``t_low_s``, ``t_high_s``, ``p_best`` and ``tied`` (1 = tied with the best);
-    ``p_best`` counts only draws faster than `beat_s` (a time already measured, see `intervals`)."""
+    ``p_best`` counts only draws faster than `beat_s` (a time already measured, see `intervals`). The model
+    error is widened by how far the prediction reaches beyond what was measured (:mod:`.reach`)."""
     from axoplan.cost.model import predict
     from axoplan.inputs.machine_params import parameter_value, with_values
+    from axoplan.uncertainty.reach import reach_sigma, reaches
 
     t = r.prediction.columns["t_step_s"]
     feasible = r.reason == 0
@@ -187,6 +196,9 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
         idx = r.order[: int(feasible.sum())]
         idx = idx[t[idx] <= CONTENDER_FACTOR * best][:MAX_CONTENDERS]
         spread, sigma = machine_spread(r.machine)
+        reach = reach_sigma(r.machine, reaches(r.model, r.options, r.machine,
+                                               {k: v[idx] for k, v in r.prediction.columns.items()}, idx.size),
+                            idx.size)
         cands = r.candidates.take(idx)
         values = {p: parameter_value(r.machine, p) for p in spread.paths}
 
@@ -195,7 +207,8 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
             return predict(r.model, m, r.options, cands).columns["t_step_s"]
 
         t0, jac = sensitivities(step_s, values, spread.paths)
-        iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=samples, seed=seed, beat_s=beat_s)
+        iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=samples, seed=seed, beat_s=beat_s,
+                       reach_sigma=reach)
         low[idx], high[idx], p_best[idx], tied[idx] = iv.low_s, iv.high_s, iv.p_best, iv.tied
     cols = r.prediction.columns | dict(zip(INTERVAL_COLUMNS, (low, high, p_best, tied), strict=True))
     return replace(r, prediction=replace(r.prediction, columns=cols))

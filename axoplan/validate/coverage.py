@@ -68,6 +68,7 @@ def _inside(plans: Sequence[PlanRuns], machine: Machine, level: float) -> np.nda
     """Per plan: is its measured time inside `machine`'s central `level` interval?"""
     from axoplan.inputs.machine_params import parameter_value, with_values
     from axoplan.uncertainty.intervals import intervals, machine_spread, sensitivities
+    from axoplan.uncertainty.reach import plan_reach_sigma
 
     predictor = Predictor([p.plan for p in plans])
     spread, sigma = machine_spread(machine)
@@ -77,7 +78,8 @@ def _inside(plans: Sequence[PlanRuns], machine: Machine, level: float) -> np.nda
         return predictor.step_s(with_values(machine, v) if v else machine)
 
     t0, jac = sensitivities(step_s, values, spread.paths)
-    iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=1)
+    reach = plan_reach_sigma([p.plan for p in plans], machine)  # how far each plan reaches beyond what was measured
+    iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=1, reach_sigma=reach)
     measured = np.array([p.measured_s for p in plans])
     return np.asarray((measured >= iv.low_s) & (measured <= iv.high_s))
 

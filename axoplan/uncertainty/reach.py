@@ -1,0 +1,204 @@
+"""How far a prediction reaches beyond what was measured, and how much that widens its interval (issue 29).
+
+An untuned machine's time model has a relative error ``σ_model`` (10 %, :data:`DEFAULT_MODEL_SIGMA`) where
+everything it prices was measured. Each way a prediction reaches beyond that adds a relative one-sigma error in
+log space, and the terms add in quadrature (independent sources of error)::
+
+    σ² = σ_model² + Σ σ_reach²
+
+The reaches, each sigma with its source (``docs/decisions.md``, "Issue 29: intervals that widen with reach",
+written before any coverage with them was computed):
+
+* **framework counted, not traced** (a profile without a ``ledger``): :data:`SIGMA_COUNTED` = 0.32,
+  ``ln(1/(1 − 0.275))``: the counted model predicted all 16 held-out eager Hugging Face steps on the H100/H200
+  too fast, 27.5 % on average (issue 29). A counted profile reads none of the ledger's inputs, so the three
+  terms below do not apply to it;
+* **device's op classes never measured** (a ledger framework on a machine without ``kernels:``):
+  :data:`SIGMA_UNMEASURED` = 0.21, the spread (log standard deviation, n − 1) of the six op-class shares of HBM
+  bandwidth measured on the H100 around any one number;
+* **device's op classes derived from another device** (``kernels.derived``, as the H200's copy/cast, loss and
+  optimizer are the H100's): :data:`SIGMA_DERIVED` = 0.105, the RMS of ``ln(H200/H100)`` over the classes
+  measured on both;
+* **model family no trace covers** (``ledger_family`` falls back on the MLP kind): :data:`SIGMA_FAMILY` = 0.22,
+  the RMS of the per-class misses the traced GPT-2 ledger still shows against the GPT-2 profiles
+  (``tests/test_ledger.py`` ``UNMET``);
+* **sequence length outside the attention curve** (held flat beyond its ends): ``share · slope · d``, the
+  attention class's share of the step times the curve's own change in ``ln`` efficiency per doubling at that
+  end times the doublings beyond it.
+
+The reach terms are one error shared by all layouts of a prediction (the issue's misses had one sign
+everywhere): they widen each interval but, drawn once per draw for P(best), do not change which layout is fastest
+(``axoplan.uncertainty.intervals.intervals``). A calibrated machine (one with a fitted
+``uncertainty.model_error``) is not widened: its error was measured on runs of its device and framework, which is
+what a reach term stands in for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from axoplan.inputs.machine import Machine
+    from axoplan.inputs.model import ModelSpec
+    from axoplan.inputs.options import RunOptions
+    from axoplan.records.plan import LaunchConfig
+    from axoplan.search.ranking import Ranking
+
+__all__ = ["Reach", "reaches", "reach_sigma", "model_sigma", "plan_reach_sigma", "widened_note", "ranking_note",
+           "SIGMA_COUNTED", "SIGMA_UNMEASURED", "SIGMA_DERIVED", "SIGMA_FAMILY"]
+
+Floats = npt.NDArray[np.float64]
+
+SIGMA_COUNTED = 0.32
+"""A framework counted by hand, not traced: ln(1/(1 − 0.275)), issue 29's mean miss of the counted model on 16
+held-out eager steps (H100/H200) [decision, docs/decisions.md]."""
+SIGMA_UNMEASURED = 0.21
+"""A device without measured op classes: log standard deviation of the H100's six measured shares of HBM
+bandwidth (0.869, 0.552, 0.511, 0.77, 0.783, 0.676; machines/dgx-h100.yaml) [decision, docs/decisions.md]."""
+SIGMA_DERIVED = 0.105
+"""Op classes taken from another device: RMS of ln(H200/H100) over the classes measured on both (element-wise,
+norm, activation: -3.9, -14.7, -7.6 %) [decision, docs/decisions.md]."""
+SIGMA_FAMILY = 0.22
+"""A model family no trace covers: RMS of tests/test_ledger.py's UNMET per-class misses of the GPT-2 ledger
+(0.17, 0.28, 0.27, 0.17, 0.23, 0.28, 0.18, 0.17, 0.19) [decision, docs/decisions.md]."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """One way a prediction reaches beyond what was measured: what, and its relative sigma per candidate."""
+
+    what: str
+    sigma: Floats
+
+
+def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
+            columns: Mapping[str, Floats] | None = None, size: int = 1) -> tuple[Reach, ...]:
+    """Every reach of `size` candidates of one model and run options on `machine`. `columns` (the candidates'
+    prediction columns, for the attention class's share of the step) are needed only where the sequence length
+    lies outside the attention curve; without them that share is taken as 1 (an upper bound)."""
+    from axoplan.inputs.framework import load_framework
+
+    def flat(what: str, sigma: float) -> Reach:
+        return Reach(what, np.full(size, sigma))
+
+    if load_framework(options.framework).ledger is None:
+        return (flat("framework counted, not traced", SIGMA_COUNTED),)
+    found = []
+    kernels = machine.kernels
+    if kernels is None:
+        found.append(flat("device's op classes never measured", SIGMA_UNMEASURED))
+    elif kernels.derived:
+        found.append(flat(f"device's {', '.join(kernels.derived)} taken from another device", SIGMA_DERIVED))
+    if not _family_traced(model):
+        family = getattr(model, "family", None)
+        named = f"model family {family} not" if family else "no model family"
+        found.append(flat(f"{named} traced, op list by its MLP kind", SIGMA_FAMILY))
+    beyond = _beyond_attention_curve(machine, options.seq_len)
+    if beyond is not None:
+        what, per_doubling = beyond
+        share = np.ones(size) if columns is None else _attention_share(columns)
+        found.append(Reach(what, share * per_doubling))
+    return tuple(found)
+
+
+def _family_traced(model: ModelSpec) -> bool:
+    """Does the model's own family choose its ledger? ``ledger_family`` (the one rule) falls back on the MLP kind
+    where it does not, so the answer is whether flipping the MLP kind changes its pick."""
+    from axoplan.cost.ledger import ledger_family
+
+    if getattr(model, "family", None) is None:
+        return False
+    other = model.model_copy(update={"ffn_kind": "gelu" if model.ffn_kind == "swiglu" else "swiglu"})
+    return ledger_family(other) == ledger_family(model)
+
+
+def _beyond_attention_curve(machine: Machine, seq_len: int) -> tuple[str, float] | None:
+    """(what, sigma per unit of attention share) where `seq_len` lies beyond the ends of the attention curve the
+    ledger prices with (the device's default backend), else None."""
+    kernels = machine.kernels
+    if kernels is None or kernels.default_attention not in kernels.attention:
+        return None
+    assert kernels.default_attention is not None
+    curve = kernels.attention[kernels.default_attention]
+    seq, eff = curve.seq, curve.efficiency
+    if len(seq) < 2 or seq[0] <= seq_len <= seq[-1]:
+        return None
+    low = seq_len < seq[0]
+    (s0, e0), (s1, e1) = ((seq[0], eff[0]), (seq[1], eff[1])) if low else ((seq[-2], eff[-2]), (seq[-1], eff[-1]))
+    slope = abs(math.log(e1 / e0)) / math.log2(s1 / s0)
+    doublings = abs(math.log2(seq_len / (seq[0] if low else seq[-1])))  # beyond the end
+    end = seq[0] if low else seq[-1]
+    where = f"{'below' if low else 'above'} {kernels.default_attention} attention's measured {end:,}"
+    return f"sequence {seq_len:,} {where}", slope * doublings
+
+
+def _attention_share(columns: Mapping[str, Floats]) -> Floats:
+    step = np.asarray(columns["t_step_s"], dtype=np.float64)
+    attention = np.asarray(columns.get("t_class_attention_s", np.zeros_like(step)), dtype=np.float64)
+    return np.clip(np.divide(attention, step, out=np.zeros_like(step), where=step > 0), 0.0, 1.0)
+
+
+def reach_sigma(machine: Machine, found: Sequence[Reach], size: int) -> Floats:
+    """Every reach in quadrature, per candidate; zero on a calibrated machine. The interval's error is this and
+    the machine's model error in quadrature (``axoplan.uncertainty.intervals.intervals``)."""
+    if _calibrated(machine):
+        return np.zeros(size)
+    return np.sqrt(sum((r.sigma**2 for r in found), np.zeros(size)))
+
+
+def model_sigma(machine: Machine, found: Sequence[Reach], size: int) -> Floats:
+    """The time model's whole relative error per candidate: the machine's (fitted, else the default) and every
+    reach in quadrature."""
+    from axoplan.uncertainty.intervals import machine_spread
+
+    _, base = machine_spread(machine)
+    return np.sqrt(base**2 + reach_sigma(machine, found, size) ** 2)
+
+
+def _calibrated(machine: Machine) -> bool:
+    u = machine.uncertainty
+    return u is not None and u.model_error is not None
+
+
+def plan_reach_sigma(plans: Sequence[LaunchConfig], machine: Machine) -> Floats:
+    """:func:`reach_sigma` for each of `plans` (measured plans of any models and options)."""
+    from axoplan.cost.model import predict
+    from axoplan.validate.compare import plan_candidates
+
+    out = np.empty(len(plans))
+    groups: dict[str, list[int]] = {}
+    for i, plan in enumerate(plans):
+        groups.setdefault(plan.model.model_dump_json() + plan.options.model_dump_json(), []).append(i)
+    for idx in groups.values():
+        first = plans[idx[0]]
+        found = reaches(first.model, first.options, machine, size=len(idx))
+        if any(r.what.startswith("sequence") for r in found):  # the attention share needs the prediction
+            cols = predict(first.model, machine, first.options, plan_candidates([plans[i] for i in idx])).columns
+            found = reaches(first.model, first.options, machine, cols, len(idx))
+        out[idx] = reach_sigma(machine, found, len(idx))
+    return out
+
+
+def widened_note(machine: Machine, found: Sequence[Reach], i: int = 0) -> str | None:
+    """One line naming what widened candidate `i`'s interval and by how much (None where nothing did)."""
+    shown = [r for r in found if r.sigma[i] > 0]
+    if not shown or _calibrated(machine):
+        return None
+    parts = "; ".join(f"{r.what} (+{100 * r.sigma[i]:.0f} %)" for r in shown)
+    from axoplan.uncertainty.intervals import machine_spread
+
+    total = float(model_sigma(machine, found, len(found[0].sigma))[i])
+    return (f"interval widened: {parts}: the time model's one-sigma error is {100 * total:.0f} %, not "
+            f"{100 * machine_spread(machine)[1]:.0f} % (docs/uncertainty.md, 'Reach')")
+
+
+def ranking_note(r: Ranking, i: int) -> str | None:
+    """:func:`widened_note` for candidate `i` of a ranking (``rank --wide``, ``explain``)."""
+    cols = {k: np.asarray(v)[[i]] for k, v in r.prediction.columns.items()}
+    return widened_note(r.machine, reaches(r.model, r.options, r.machine, cols, 1))
