@@ -77,6 +77,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
         return wrap(head, wide) + "\n(no rows)"
     notes = [fit_note(r) if rows is None and not infeasible else None,
              _LAYOUT_NOTE if not wide else "", _INTERVAL_NOTE if _has_interval(r, infeasible) else "",
+             _reach_note(r, chosen[0]) if wide and _has_interval(r, infeasible) else None,
              _columns_note(wide, r), "" if wide or tokens is None else _GPU_HOURS_NOTE]
     table = text_table([h for h, _, _ in columns], body, [right for _, right, _ in columns])
     return "\n".join([wrap(head, wide), "", table, *(wrap(n, wide) for n in notes if n)])
@@ -134,6 +135,13 @@ def _cost_cell(tokens: int, k: int) -> Cell:
         c = _run_cost(r, float(r.column("t_step_s")[i]), tokens)
         return (f"{c.days:.1f}", f"{c.node_hours:,.0f}", f"{c.gpu_hours:,.0f}")[k]
     return cell
+
+
+def _reach_note(r: Ranking, i: int) -> str | None:
+    """What widened the first row's interval beyond the model's error (axoplan.uncertainty.reach)."""
+    from axoplan.uncertainty.reach import ranking_note
+
+    return ranking_note(r, i)
 
 
 def _has_interval(r: Ranking, infeasible: bool) -> bool:
@@ -267,6 +275,7 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
         f"+ waiting for the slowest of {r.world_size} GPUs {rec['t_straggler_s']:.4f} s + host idle "
         f"{rec['t_host_idle_s']:.4f} s; MFU {rec['mfu']:.1f}%, HFU {rec['pct_peak']:.1f}% "
         f"({rec['tflops_per_gpu']:.1f} TFLOP/s per GPU run)",
+        *filter(None, [_reach_note(r, i)]),
     ]
     lines = [wrap(line, wide) for line in lines]
     lines += ["", "Compute per step", text_table(["part", "seconds"], [
