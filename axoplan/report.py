@@ -75,7 +75,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     body = [[cell(r, i, n) for _, _, cell in columns] for n, i in enumerate(chosen, start=1)]
     if not body:
         return wrap(head, wide) + "\n(no rows)"
-    notes = [fit_note(r) if rows is None and not infeasible else None,
+    notes = [fit_note(r) if chosen[0] == r.order[0] and not infeasible else None,
              _LAYOUT_NOTE if not wide else "", _INTERVAL_NOTE if _has_interval(r, infeasible) else "",
              _reach_note(r, chosen[0]) if wide and _has_interval(r, infeasible) else None,
              _columns_note(wide, r), "" if wide or tokens is None else _GPU_HOURS_NOTE]

@@ -67,12 +67,17 @@ def test_rank_tokens_columns_match_budget() -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     at = next(k for k, line in enumerate(lines) if line.startswith("rank"))
-    assert lines[at].split()[-3:] == ["days", "node-h", "GPU-h"]
+    assert lines[at].split()[-2:] == ["days", "node-h"]  # GPU-hours only with --wide, to stay within 120 columns
     cells = lines[at + 2].split()
     c = run_cost(300 * 10**9, 2048, 2048, float(cells[4]), 64, 8)  # rank, layout, mbs, options, s/iter
     # the table's days and node-hours are the budget arithmetic on the row's own s/iter (rounded)
-    assert float(cells[-3]) == pytest.approx(c.days, abs=0.06)
-    assert float(cells[-2].replace(",", "")) == pytest.approx(c.node_hours, rel=1e-3)
+    assert float(cells[-2]) == pytest.approx(c.days, abs=0.06)
+    assert float(cells[-1].replace(",", "")) == pytest.approx(c.node_hours, rel=1e-3)
+    wide = run_cli("rank", "--model", "5B", "--gpus", "64", "--machine", "frontier", "--tokens", "300B", "-n", "2",
+                   "--wide").stdout.splitlines()
+    at = next(k for k, line in enumerate(wide) if line.startswith("rank"))
+    assert wide[at].split()[-3:] == ["days", "node-h", "GPU-h"]
+    assert float(wide[at + 2].split()[-1].replace(",", "")) == pytest.approx(c.gpu_hours, rel=1e-3)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -95,11 +100,11 @@ def test_rank_budget_keeps_rows_that_fit() -> None:
         assert res.returncode == 0, res.stderr
         return [ln.split() for ln in res.stdout.splitlines()[4:] if ln.strip() and ln.split()[0].isdigit()]
 
-    hours = sorted(float(r[-2].replace(",", "")) for r in rows())
+    hours = sorted(float(r[-1].replace(",", "")) for r in rows())  # node-h, the last column
     cut = next(i for i in range(4, len(hours)) if hours[i] > hours[i - 1])  # a gap after at least 4 rows
     cap = (hours[cut - 1] + hours[cut]) / 2
     kept = rows("--max-node-hours", f"{cap:.3f}")
-    assert kept and all(float(r[-2].replace(",", "")) <= cap for r in kept)
+    assert kept and all(float(r[-1].replace(",", "")) <= cap for r in kept)
     assert len(kept) < 10
 
 

@@ -295,3 +295,32 @@ def test_heads_reason_through_explain():
     assert "INFEASIBLE: Gy=16 does not divide the 8 KV heads" in done.stdout
     assert "the 64 heads" not in done.stdout
     assert parse_layout("1x16x8x8").world_size == 1024
+
+
+def test_node_hour_cap_keeps_every_row_within_it_in_rank_order():
+    """With the fit rule the rows within --max-node-hours are not a prefix of the order: Frontier's 70B rank 1
+    fits and is slower (so dearer) than the doubtful fastest layout ranked below it; a cap between the two
+    keeps the doubtful one and drops rank 1."""
+    from axoplan.cost.budget import run_cost
+
+    machine = load_machine("frontier")
+    r = rank(load_model("llama3.1-70B"), machine, RunOptions(), 1024)
+    t, p = r.column("t_step_s"), r.column("p_fit")
+    first = int(r.order[0])
+    feasible = r.order[: r.num_feasible]
+    fastest = int(feasible[np.argmin(t[feasible])])
+    assert p[first] >= 0.9 > p[fastest] and t[fastest] < t[first]  # issue 30's case on this machine
+
+    def hours(i: int) -> float:
+        return run_cost(10**12, 2048, 2048, float(t[i]), 1024, 8).node_hours
+
+    cap = (hours(fastest) + hours(first)) / 2
+    done = run_cli_here("rank", "--model", "llama3.1-70B", "--gpus", "1024", "--machine", "frontier", "--tokens",
+                        "1T", "--max-node-hours", f"{cap:.3f}", "--top", "50")
+    assert done.returncode == 0, done.stderr
+    rows = _rank_rows(done.stdout)
+    assert rows and all(float(row[-1].replace(",", "")) <= cap for row in rows)
+    assert all(float(row[4]) < t[first] - 0.0005 for row in rows)  # rank 1 (dearer than the cap) is left out
+    assert any(float(row[4]) == pytest.approx(t[fastest], abs=5e-4) for row in rows)  # the cheaper one kept
+    keyed = [float(row[4]) * 1.05 ** ((float(row[-3]) < 0.9) + (float(row[-3]) < 0.5)) for row in rows]
+    assert keyed == sorted(keyed)  # still the fit rule's order

@@ -160,8 +160,10 @@ def test_planning_commands_take_an_moe_model(command: tuple[str, ...], path: tup
     assert out["model"]["moe"]["num_experts"] == 8 and out["feasible"] > 0
     rows = [r for r in out["rows"] if r["feasible"]]
     assert rows
-    if command[0] == "rank":
-        assert rows == sorted(rows, key=lambda r: r["t_step_s"])
+    if command[0] == "rank":  # by time, a layout whose fit is in doubt counted 5 % slower, 10 % where its point
+        # estimate is above the HBM (the default fit rule, axoplan.search.fit)
+        keyed = [r["t_step_s"] * 1.05 ** ((r["p_fit"] < 0.9) + (r["p_fit"] < 0.5)) for r in rows]
+        assert keyed == sorted(keyed)
     if not path:
         assert all(r["gx"] == 1 and r["gy"] == 1 for r in rows)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -76,7 +76,7 @@ def rank(
         raise AxoplanError(f"--out {out} must end in .csv or .json")
     if out is not None:
         check_writable(out, force, "--out")
-    from axoplan.cost.budget import budget_checks, rows_within_node_hours
+    from axoplan.cost.budget import budget_checks
     from axoplan.uncertainty.intervals import with_intervals
 
     n_tokens = budget_checks(tokens, gpus, mach.devices_per_node, max_nodes, max_node_hours)
@@ -88,14 +88,27 @@ def rank(
         write_text_atomic(out, text, force=force)
     if result.num_feasible == 0 and not infeasible:
         raise AxoplanError(explain_infeasible(result))
-    if max_node_hours is not None and n_tokens is not None and not infeasible:
-        top = min(top, rows_within_node_hours(result, n_tokens, max_node_hours))
     rows = report.selected_rows(result, top, infeasible)
+    if max_node_hours is not None and n_tokens is not None and not infeasible:
+        rows = _within_node_hours(result, n_tokens, max_node_hours)[:top]
     if fmt is Format.table:
-        typer.echo(report.format_table(result, top, infeasible, tokens=n_tokens, wide=wide))
+        typer.echo(report.format_table(result, top, infeasible, tokens=n_tokens, rows=rows, wide=wide))
     elif fmt is Format.csv:
         typer.echo(report.format_csv(result, rows, n_tokens), nl=False)
     else:
         typer.echo(report.format_json(result, rows, n_tokens), nl=False)
     if out is not None:
         typer.echo(f"wrote all {len(result.candidates)} candidates to {out}", err=True)
+
+
+def _within_node_hours(result: Any, tokens: int, max_node_hours: float) -> list[int]:
+    """The feasible rows, in rank order, whose run of `tokens` fits `max_node_hours` (an error naming the cheapest
+    when none does). Not a prefix: the fit rule can rank a slower, dearer layout above a cheaper one in doubt."""
+    from axoplan.cost.budget import rows_within_node_hours, run_cost
+
+    rows_within_node_hours(result, tokens, max_node_hours)  # refuses when no row fits
+    t_step_s = result.column("t_step_s")
+    o = result.options
+    return [int(i) for i in result.order[: result.num_feasible]
+            if run_cost(tokens, o.global_batch, o.seq_len, float(t_step_s[i]), result.world_size,
+                        result.machine.devices_per_node).node_hours <= max_node_hours]
