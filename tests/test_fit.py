@@ -324,3 +324,25 @@ def test_node_hour_cap_keeps_every_row_within_it_in_rank_order():
     assert any(float(row[4]) == pytest.approx(t[fastest], abs=5e-4) for row in rows)  # the cheaper one kept
     keyed = [float(row[4]) * 1.05 ** ((float(row[-3]) < 0.9) + (float(row[-3]) < 0.5)) for row in rows]
     assert keyed == sorted(keyed)  # still the fit rule's order
+
+
+def test_a_saved_ranking_keeps_its_order_and_refuses_fit_flags(tmp_path: Path):
+    """`export --ranking FILE.json` exports in the order the ranking was saved in; the fit flags, which would
+    change that order, are refused in one line like every other ranking flag."""
+    saved = tmp_path / "r.json"
+    assert run_cli_here("rank", "--model", "llama3.1-70B", "--gpus", "1024", "--machine", "frontier", "--out",
+                        str(saved)).returncode == 0
+    done = run_cli_here("export", "--ranking", str(saved), "--fit-margin", "0", "--out-dir", str(tmp_path / "p"))
+    assert done.returncode == 2 and "leave out --fit-margin" in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "p").exists()
+    done = run_cli_here("export", "--ranking", str(saved), "--top", "1", "--out-dir", str(tmp_path / "p"))
+    assert done.returncode == 0, done.stderr
+    import json
+
+    first = next(r for r in json.loads(saved.read_text())["rows"] if r["feasible"])
+    row = _rank_rows(done.stdout)[0]
+    from axoplan.inputs.axes import parse_tp_order
+
+    saved_first = Layout(first["gx"], first["gy"], first["gz"], first["gdata"], order=parse_tp_order(first["tp_order"]))
+    assert row[1] == str(saved_first)  # the saved order's first
+    assert row[5:7] == [("fits" if first["p_fit"] >= 0.9 else "tight"), f"{first['p_fit']:.2f}"]
