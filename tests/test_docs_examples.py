@@ -238,6 +238,15 @@ def _trimmed(text: str) -> list[str]:
     return lines
 
 
+def _globbed(args: list[str], cwd: Path) -> list[str]:
+    """Arguments as a shell expands them: a pattern that matches becomes the paths it matches."""
+    out = []
+    for arg in args:
+        matches = sorted(str(p.relative_to(cwd)) for p in cwd.glob(arg)) if "*" in arg else []
+        out += matches or [arg]
+    return out
+
+
 def run_example(ex: Example, folder: Path, cwd: Path) -> tuple[Path, list[str] | None]:
     """Run every segment of `ex` from `cwd` (inside `folder`); the folder it leaves, and the fresh
     output of its axoplan call when the page shows one that is compared."""
@@ -259,7 +268,7 @@ def run_example(ex: Example, folder: Path, cwd: Path) -> tuple[Path, list[str] |
         elif args is not None and _parse_only(ex, seg):
             check_parses(args, where)
         elif args is not None:
-            r = run_cli(*args, cwd=cwd)
+            r = run_cli(*_globbed(args, cwd), cwd=cwd)
             refused = bool(ex.output) and ex.output[-1].startswith("axoplan: error:")  # the page shows a refusal
             assert r.returncode == (2 if refused else 0), f"{where}: exit {r.returncode}: {r.stderr.strip()[-2000:]}"
             if ex.output is not None and _subcommand(args)[0] not in MEASURING:
