@@ -71,8 +71,8 @@ def op_class(name: str) -> str:
     if base in {"log_softmax", "log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward",
                 "nll_loss2d_forward", "nll_loss2d_backward"}:
         return "loss"
-    if "fused_adam" in base or "foreach" in base:
-        return "optimizer"
+    if "fused_adam" in base or "fused_sgd" in base:
+        return "optimizer"  # one multi-tensor kernel per chunk of tensors; foreach ops are element-wise kernels
     if base in {"to_copy", "copy", "copy_", "clone", "cat", "stack", "contiguous", "constant_pad_nd", "index_select",
                 "embedding", "gather", "index", "masked_fill"}:
         return "copy_cast"
@@ -87,6 +87,15 @@ def op_class(name: str) -> str:
         return "memset" if base in {"new_zeros", "zeros", "zeros_like", "fill", "fill_", "zero_", "full",
                                      "full_like", "ones_like"} else "copy_cast"
     return "elementwise"
+
+
+def activation_axis(scope: str, gemms_before: int) -> str:
+    """The axis a block op's activations are split over on AxoNN's Megatron path (``docs/algorithm.md`` §1), from
+    where it sits among the block's four linears: between QKV and attention-out, and between MLP-up and
+    MLP-down, the heads and the FFN width are split over Y; elsewhere (norms, residual adds) the hidden
+    features over X. The forward meets one GEMM per linear, the backward two (dX and dW), in reverse order."""
+    linears_before = gemms_before if scope.endswith("forward") else gemms_before // 2
+    return "y" if linears_before % 2 else "x"
 
 
 def is_view(name: str) -> bool:
@@ -142,34 +151,62 @@ class Recorder(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.scope = "rest_forward"
+        self._scope = "rest_forward"
+        self.gemms_seen = 0
         self.ops: dict[str, list[dict[str, Any]]] = defaultdict(list)
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    @scope.setter
+    def scope(self, value: str) -> None:
+        self._scope, self.gemms_seen = value, 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = f"{func._schema.name.split('::')[-1]}.{func._overloadname}"
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        outs = _unique([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)] + _mutated(func, args, kwargs))
         self.ops[self.scope].append({
             "op": name,
             "in": [(t.numel(), t.element_size()) for t in ins],
             "out": [(t.numel(), t.element_size()) for t in outs],
             "shapes": [tuple(t.shape) for t in ins],
+            "region": self.gemms_seen,
         })
+        if op_class(name) == "gemm":
+            self.gemms_seen += 1
         return out
 
 
+def _mutated(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an in-place op writes (its schema's ``Tensor(a!)`` arguments): they count as written."""
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            out += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    return [t for t in tensors if not (id(t) in seen or seen.add(id(t)))]  # type: ignore[func-returns-value]
+
+
 @contextmanager
-def saved_bytes(recorder: Recorder, saved: dict[str, list[int]]) -> Iterator[None]:
-    """What autograd keeps for the backward, per scope, each storage once (its element count and size)."""
+def saved_bytes(recorder: Recorder, saved: dict[str, list[tuple[int, int]]]) -> Iterator[None]:
+    """What autograd keeps for the backward, per scope, each storage once (its bytes, and how many GEMMs of the
+    scope came before it: its activation axis)."""
     seen: set[int] = set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage().data_ptr()
         if key not in seen and t.untyped_storage().nbytes() > 0:
             seen.add(key)
-            saved[recorder.scope].append(t.untyped_storage().nbytes())
+            saved[recorder.scope].append((t.untyped_storage().nbytes(), recorder.gemms_seen))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -220,14 +257,14 @@ def blocks_of(model: Any) -> list[torch.nn.Module]:
 
 
 def trace_step(family: str, dims: dict[str, int], precision: str) -> tuple[dict[str, list[dict[str, Any]]],
-                                                                              dict[str, list[int]], int]:
+                                                                              dict[str, list[tuple[int, int]]], int]:
     """The second training step of a one-block model (the first creates the optimizer's states): (ops per scope,
     saved storages per scope, parameters)."""
     model = build(family, dims, precision)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     ids = torch.randint(0, dims["V"], (dims["B"], dims["S"]))
     rec = Recorder()
-    saved: dict[str, list[int]] = defaultdict(list)
+    saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
     block = blocks_of(model)[0]
     with torch.autocast("cpu", dtype=torch.bfloat16):  # one step untraced: optimizer states exist, as in training
         model(input_ids=ids, labels=ids).loss.backward()
@@ -254,6 +291,70 @@ def trace_step(family: str, dims: dict[str, int], precision: str) -> tuple[dict[
     return dict(rec.ops), dict(saved), sum(p.numel() for p in model.parameters())
 
 
+def trace_executor_step(family: str, dims: dict[str, int], precision: str) -> tuple[
+        dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int]]], int]:
+    """The same for axoplan's own executor (``axoplan/executor``) on one rank (gloo, CPU, bf16 as it runs on a GPU):
+    one block, one micro-batch, the second step (its optimizer's master copies and moments exist)."""
+    import torch.distributed as dist
+
+    from axoplan.executor import train
+    from axoplan.executor.model import GPT4D
+    from axoplan.executor.spec import ExecSettings
+    from axoplan.executor.timing import PhaseTimer
+    from axoplan.inputs.model import ModelSpec
+    from axoplan.inputs.options import RunOptions
+    from axoplan.records.plan import LaunchConfig
+    from axoplan.space.layout import Layout
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+    llama = family == "llama"
+    spec = ModelSpec(name="trace", num_layers=1, hidden=dims["H"], num_heads=dims["NH"],
+                     num_kv_heads=dims["KV"] if llama else None, ffn_hidden=dims["F"], vocab=dims["V"],
+                     max_positions=dims["S"], ffn_kind="swiglu" if llama else "gelu", biases=not llama)
+    options = RunOptions(global_batch=dims["B"], seq_len=dims["S"], micro_batches=(dims["B"],), recompute="off",
+                         cache_weights="off", framework="axoplan-executor")
+    plan = LaunchConfig.build(machine="dgx-h100", devices_per_node=8, model=spec, options=options,
+                              layout=Layout(1, 1, 1, 1), micro_batch=dims["B"], recompute=False, cache_weights=False)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    settings = ExecSettings(device="cpu", dtype="bfloat16" if precision == "bf16" else "float32")
+    device = torch.device("cpu")
+    groups = train.build_groups(plan.layout.to_layout(), "cpu", 60.0)
+    rt = train._runtime(plan, groups, PhaseTimer(device, True))
+    vocab = train.plan_vocab(plan)
+    torch.manual_seed(0)
+    params = {k: v.to(device, dtype) for k, v in train._initial_params(plan, settings, groups, vocab).items()}
+    model = GPT4D(plan.model, vocab, params, rt, plan.recompute)
+    batches = train.local_batches(plan, train.synthetic_tokens(plan, 0), groups.coords, device, groups.rank)
+    optimizer = train._optimizer(model, settings)
+    train._step(model, rt, batches, optimizer, 1.0, False)
+    rec = Recorder()
+    saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
+
+    def setter(scope: str) -> Callable[..., None]:
+        def hook(*_: Any, **__: Any) -> None:
+            rec.scope = scope
+        return hook
+
+    block = model.blocks[0]
+    block.register_forward_pre_hook(setter("block_forward"))
+    block.register_forward_hook(setter("rest_forward"))
+    block.register_full_backward_pre_hook(setter("block_backward"))
+    block.register_full_backward_hook(setter("rest_backward"))
+    model.register_forward_hook(setter("rest_backward"))  # the loss's scaling and backward follow the forward
+    step = optimizer.step
+
+    def traced_step() -> None:
+        rec.scope = "step"
+        step()
+
+    optimizer.step = traced_step  # type: ignore[method-assign]
+    with rec, saved_bytes(rec, saved):
+        rec.scope = "rest_forward"
+        train._step(model, rt, batches, optimizer, 1.0, False)
+    return dict(rec.ops), dict(saved), sum(p.numel() for p in model.parameters())
+
+
 def _exponents(base: int, varied: dict[str, int], where: str) -> dict[str, int]:
     exps: dict[str, int] = {}
     for sym, n in varied.items():
@@ -270,9 +371,10 @@ def _monomial(count: int, exps: dict[str, int], dims: dict[str, int]) -> tuple[f
     return count / scale, exps
 
 
-def derive(family: str, precision: str, base: dict[str, int]) -> dict[str, Any]:
+def derive(family: str, precision: str, base: dict[str, int], framework: str = "hf") -> dict[str, Any]:
     """Trace at `base` and with each symbol doubled; return the ledger as data."""
-    runs = {"base": trace_step(family, base, precision)}
+    trace = trace_executor_step if framework == "executor" else trace_step
+    runs = {"base": trace(family, base, precision)}
     for sym in SYMBOLS:
         if sym == "KV" and family != "llama":
             continue
@@ -280,7 +382,7 @@ def derive(family: str, precision: str, base: dict[str, int]) -> dict[str, Any]:
         dims[sym] *= 2
         if sym == "NH" and family != "llama":
             dims["KV"] = dims["NH"]
-        runs[sym] = trace_step(family, dims, precision)
+        runs[sym] = trace(family, dims, precision)
     varied = [s for s in runs if s != "base"]
     ops0, saved0, params0 = runs["base"]
     scopes: dict[str, list[dict[str, Any]]] = {}
@@ -295,17 +397,26 @@ def derive(family: str, precision: str, base: dict[str, int]) -> dict[str, Any]:
                     raise SystemExit(f"{scope}: the op list changes when {sym} doubles (op {i}, {op['op']})")
             entries.append(_entry(op, i, scope, runs, varied, base))
         scopes[scope] = _compact(entries)
-    step_bytes = sum(n * b for op in ops0.get("step", []) for n, b in op["in"])
+    step_bytes: dict[str, float] = defaultdict(float)
+    for op in ops0.get("step", []):
+        if not is_view(op["op"]):
+            step_bytes[op_class(op["op"])] += sum(n * b for n, b in op["in"] + op["out"]) / params0
     step_kernels = sum(1 for op in ops0.get("step", []) if not is_view(op["op"]))
     saved = {scope: _saved_terms(scope, runs, varied, base) for scope in saved0}
     return {"scopes": scopes, "saved": saved,
-            "optimizer": {"read_bytes_per_param": step_bytes / params0, "ops": step_kernels,
+            "optimizer": {"bytes_per_param": {k: round(v, 4) for k, v in sorted(step_bytes.items())},
+                          "ops": step_kernels,
                           "ops_names": sorted({op["op"] for op in ops0.get("step", [])})}}
 
 
 def _entry(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied: list[str],
            base: dict[str, int]) -> dict[str, Any]:
     def terms(side: str) -> list[list[Any]]:
+        if is_view(op["op"]):
+            return []  # a view moves no bytes
+        if side == "out" and op["op"].split(".")[0] in ("cat", "_cat", "stack") and len(op["out"]) == 1:
+            size = op["out"][0][1]  # a concatenation writes what it reads, in its own dtype
+            return [[c * size / op["in"][j][1], e] for j, (c, e) in enumerate(terms("in"))]
         out = []
         for j, (n, size) in enumerate(op[side]):
             exps = _exponents(n, {s: runs[s][0][scope][i][side][j][0] for s in varied}, f"{scope} {op['op']}")
@@ -314,6 +425,8 @@ def _entry(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied:
         return out
 
     entry = {"op": op["op"], "class": op_class(op["op"]), "read": terms("in"), "write": terms("out")}
+    if scope.startswith("block"):
+        entry["axis"] = activation_axis(scope, op["region"])
     if entry["class"] in {"gemm", "attention"}:
         entry["flops"] = _flops_terms(op, i, scope, runs, varied, base)
     if is_view(op["op"]):
@@ -359,12 +472,13 @@ def _compact(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _saved_terms(scope: str, runs: dict[str, Any], varied: list[str], base: dict[str, int]) -> list[list[Any]]:
     sizes = runs["base"][1][scope]
-    out = []
-    for j, n in enumerate(sizes):
-        other = {s: runs[s][1][scope][j] for s in varied if j < len(runs[s][1].get(scope, []))}
+    out: list[list[Any]] = []
+    for j, (n, region) in enumerate(sizes):
+        other = {s: runs[s][1][scope][j][0] for s in varied if j < len(runs[s][1].get(scope, []))}
         exps = _exponents(n, other, f"saved {scope}")
         coef, e = _monomial(n, exps, base)
-        out.append([round(coef, 6), e])
+        out.append([round(coef, 6), e, activation_axis("block_forward", region)] if scope.startswith("block")
+                   else [round(coef, 6), e])
     return out
 
 
@@ -377,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16"],
                     help="autocast: fp32 weights under bf16 autocast (Trainer(bf16=True)); "
                     "bf16: bf16 weights and states")
+    ap.add_argument("--framework", default="hf", choices=["hf", "executor"],
+                    help="hf: Hugging Face transformers' model; executor: axoplan's own (axoplan/executor)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     import transformers
@@ -384,9 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     base = dict(BASE)
     if args.family != "llama":
         base["KV"] = base["NH"]
-    ledger = derive(args.family, args.precision, base)
+    else:  # two query heads per KV head at every doubling (one would change the executor's op list)
+        base.update(NH=8, H=64)
+    ledger = derive(args.family, args.precision, base, args.framework)
+    name = "executor" if args.framework == "executor" else f"hf-{args.precision}"
     doc = {
-        "profile": f"hf-{args.precision}", "family": args.family,
+        "profile": name, "family": args.family,
         "made_by": "python benchmarks/derive_ledger.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "symbols": {"B": "micro-batch sequences", "S": "sequence length", "H": "hidden size", "NH": "attention heads",
@@ -395,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         **ledger,
     }
     ledgers = Path(__file__).resolve().parents[1] / "frameworks" / "ledgers"
-    out = args.out or ledgers / f"hf-{args.precision}-{args.family}.json"
+    out = args.out or ledgers / f"{name}-{args.family}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     n = sum(e["count"] for ops in ledger["scopes"].values() for e in ops)

@@ -34,6 +34,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +46,7 @@ from axoplan.inputs.schema import shipped_folder
 from axoplan.space.candidates import Candidates
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
-           "ledger_family", "attention_efficiency", "ledger_class_columns"]
+           "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -61,6 +62,7 @@ class Term:
 
     coef: float
     exps: tuple[tuple[str, int], ...]
+    axis: str | None = None  # a block's activation axis on the Megatron path (x: hidden features, y: heads, FFN)
 
     @property
     def parameter_shaped(self) -> bool:
@@ -76,6 +78,7 @@ class LedgerOp:
     read: tuple[Term, ...]
     write: tuple[Term, ...]
     flops: tuple[Term, ...] = ()
+    axis: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,7 @@ class Ledger:
     versions: dict[str, str]
     scopes: dict[str, tuple[LedgerOp, ...]]
     saved: dict[str, tuple[Term, ...]]
-    optimizer_read_bytes_per_param: float
+    optimizer_bytes_per_param: dict[str, float]  # read and written, by op class (fused AdamW: 'optimizer')
     optimizer_kernels: int
 
     def ops(self, scope: str) -> tuple[LedgerOp, ...]:
@@ -104,8 +107,20 @@ def ledger_family(model: ModelSpec) -> str:
     return "llama" if model.ffn_kind == "swiglu" else "gpt2"
 
 
-def _terms(raw: list[tuple[float, dict[str, int]]]) -> tuple[Term, ...]:
-    return tuple(Term(float(c), tuple(sorted((str(s), int(e)) for s, e in x.items()))) for c, x in raw)
+def _terms(raw: list[list[Any]], axis: str | None = None) -> tuple[Term, ...]:
+    """``[coef, {symbol: exponent}]`` or ``[coef, {...}, axis]`` entries as terms (`axis`: the op's, by default)."""
+    return tuple(Term(float(t[0]), tuple(sorted((str(s), int(e)) for s, e in dict(t[1]).items())),
+                      str(t[2]) if len(t) > 2 else axis) for t in raw)
+
+
+def shipped_family(name: str, family: str) -> str:
+    """`family` where ledger `name` was traced for it, else the first family it was traced for (GPT-2's blocks):
+    a model family no trace covers is priced with the nearest traced op list, and its interval says so."""
+    folder = shipped_folder("frameworks") / "ledgers"
+    if (folder / f"{name}-{family}.json").is_file():
+        return family
+    traced = sorted(p.stem[len(name) + 1:] for p in folder.glob(f"{name}-*.json"))
+    return "gpt2" if "gpt2" in traced else (traced[0] if traced else family)
 
 
 @cache
@@ -117,13 +132,14 @@ def load_ledger(name: str, family: str) -> Ledger:
         raise AxoplanError(f"no op ledger {path.stem!r} (framework ledger {name!r}, model family {family!r}); "
                            f"shipped: {', '.join(known)}")
     doc = json.loads(path.read_text())
-    scopes = {scope: tuple(LedgerOp(o["op"], o["class"], int(o["count"]), _terms(o["read"]), _terms(o["write"]),
-                                    _terms(o.get("flops", []))) for o in ops)
+    scopes = {scope: tuple(LedgerOp(o["op"], o["class"], int(o["count"]), _terms(o["read"], o.get("axis")),
+                                    _terms(o["write"], o.get("axis")), _terms(o.get("flops", []), o.get("axis")),
+                                    o.get("axis")) for o in ops)
               for scope, ops in doc["scopes"].items()}
     opt = doc["optimizer"]
     return Ledger(name, family, doc["made_by"], doc["versions"], scopes,
-                  {k: _terms(v) for k, v in doc["saved"].items()}, float(opt["read_bytes_per_param"]),
-                  int(opt["ops"]))
+                  {k: _terms(v) for k, v in doc["saved"].items()},
+                  {str(k): float(v) for k, v in opt["bytes_per_param"].items()}, int(opt["ops"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +154,14 @@ class LedgerCost:
     host_ops: dict[str, float]
     saved_bytes: dict[str, Floats]
     optimizer_kernels: int
-    optimizer_bytes_per_param: float
+    optimizer_bytes_per_param: dict[str, float]
 
     def optimizer_s(self, machine: Machine, params: Floats) -> Floats:
-        """The optimizer step over `params` parameters at the optimizer class's efficiency."""
-        eff = machine.kernels.optimizer if machine.kernels else machine.memory_efficiency
-        return params * self.optimizer_bytes_per_param / (machine.device.hbm_bandwidth_gbs * 1e9 * eff)
+        """The optimizer step over `params` parameters: the traced step's bytes per parameter (read and written:
+        fused AdamW's one kernel, or a foreach optimizer's element-wise passes), each class at its efficiency."""
+        bw = machine.device.hbm_bandwidth_gbs * 1e9
+        per_param = sum(b / _efficiency(machine, c) for c, b in self.optimizer_bytes_per_param.items())
+        return params * per_param / bw
 
     def scope_s(self, scope: str, exclude: tuple[str, ...] = ()) -> Floats:
         parts = [v for (s, cls), v in self.seconds.items() if s == scope and cls not in exclude]
@@ -165,11 +183,28 @@ def _ffn(model: ModelSpec) -> int:
     return model.ffn_hidden if model.ffn_hidden else 4 * model.hidden
 
 
-def _evaluate(terms: tuple[Term, ...], sym: dict[str, Floats], shard: Floats) -> Floats:
-    total = np.zeros_like(shard)
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """How a tensor divides over a candidate's GPUs: a parameter-shaped one is the GPU's ``1/(Gx·Gy)`` block; on the
+    Megatron path an activation is split over its axis (a block op's recorded one; elsewhere the vocabulary over
+    Y and the hidden features over X); on the Hugging Face path activations are whole (each GPU its own tokens)."""
+
+    params: Floats
+    x: Floats
+    y: Floats
+
+    def of(self, t: Term) -> Floats:
+        if t.parameter_shaped:
+            return self.params
+        axis = t.axis or ("y" if any(s == "V" for s, _ in t.exps) else "x")
+        return self.y if axis == "y" else self.x
+
+
+def _evaluate(terms: tuple[Term, ...], sym: dict[str, Floats], split: _Split) -> Floats:
+    total = np.zeros_like(split.params)
     for t in terms:
-        value = t.coef * np.prod([sym[s] ** e for s, e in t.exps], axis=0) if t.exps else t.coef + 0.0 * shard
-        total = total + (value / shard if t.parameter_shaped else value)
+        value = t.coef * np.prod([sym[s] ** e for s, e in t.exps], axis=0) if t.exps else t.coef + 0.0 * split.params
+        total = total + value / split.of(t)
     return total
 
 
@@ -185,10 +220,12 @@ def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) ->
 
 
 def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates,
-                 attention_backend: str | None = None) -> LedgerCost:
+                 attention_backend: str | None = None, hf_path: bool = True) -> LedgerCost:
     """Price every entry of `ledger` for every candidate (see the module docstring)."""
     sym = symbols(model, seq_len, c)
-    shard = (c.gx * c.gy).astype(np.float64)
+    gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+    one = np.ones_like(gx)
+    shard = _Split(gx * gy, one if hf_path else gx, one if hf_path else gy)
     bw = machine.device.hbm_bandwidth_gbs * 1e9
     attn_rate = machine.peak_flops * attention_efficiency(machine, attention_backend, seq_len)
     seconds: dict[tuple[str, str], Floats] = {}
@@ -206,15 +243,21 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             if op.op_class == "attention":
                 t = op.count * 0.5 * _evaluate(op.flops, sym, shard) / attn_rate  # the causal half
             else:
-                eff = machine.kernels.of(op.op_class) if machine.kernels else machine.memory_efficiency  # type: ignore[arg-type]
+                eff = _efficiency(machine, op.op_class)
                 nbytes = _evaluate(op.read, sym, shard) + _evaluate(op.write, sym, shard)
                 t = op.count * nbytes / (bw * eff)
             key = (scope, op.op_class)
             seconds[key] = seconds.get(key, 0.0) + t
     saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
-    # the fused AdamW kernel reads parameter, gradient and both moments and writes all but the gradient back
-    optimizer_bytes = 1.75 * ledger.optimizer_read_bytes_per_param
-    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_kernels, optimizer_bytes)
+    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_kernels, ledger.optimizer_bytes_per_param)
+
+
+def _efficiency(machine: Machine, op_class: str) -> float:
+    """The share of HBM bandwidth a memory-bound class reaches on `machine` (``memory_efficiency`` where the
+    device's op classes were not measured)."""
+    if machine.kernels is None:
+        return machine.memory_efficiency
+    return machine.kernels.of(op_class)  # type: ignore[arg-type]
 
 
 def ledger_class_columns(cost: LedgerCost, num_layers: int, recompute: npt.NDArray[np.bool_], n_micro: Floats,

@@ -41,7 +41,14 @@ import numpy.typing as npt
 
 from axoplan.cost.communication import collective_terms
 from axoplan.cost.layers import axis_groups, linear_layers
-from axoplan.cost.ledger import LedgerCost, ledger_class_columns, ledger_family, load_ledger, price_ledger
+from axoplan.cost.ledger import (
+    LedgerCost,
+    ledger_class_columns,
+    ledger_family,
+    load_ledger,
+    price_ledger,
+    shipped_family,
+)
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
 from axoplan.cost.step import compute_columns, step_columns
 from axoplan.cost.terms import CollectiveTerm
@@ -92,8 +99,8 @@ def _priced_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine
     on the backend SDPA picks on the device (``Machine.kernels.default_attention``)."""
     if profile.ledger is None:
         return None
-    ledger = load_ledger(profile.ledger, ledger_family(model))
-    return price_ledger(ledger, machine, model, options.seq_len, c)
+    ledger = load_ledger(profile.ledger, shipped_family(profile.ledger, ledger_family(model)))
+    return price_ledger(ledger, machine, model, options.seq_len, c, hf_path=options.hf_path)
 
 
 def _core_sharing(machine: Machine, c: Candidates) -> Floats | None:

@@ -110,6 +110,9 @@ class FrameworkProfile(Frozen):
         "its code): every op's class, bytes, flops and saved tensors, priced by axoplan.cost.ledger; its host ops, "
         "kernels, non-GEMM time, optimizer and activation memory replace block, head and the memory rules' "
         "activation terms.")
+    axonn_path: Literal["megatron", "hf"] | None = Field(
+        None, description="The AxoNN path this framework's code is (hf: Hugging Face's eager model, which AxoNN's "
+        "Hugging Face path runs; a run under it is priced on that path); None: whichever --axonn-path says.")
     block: BlockCounts | None = Field(
         None, description="Host ops and kernels of one block (a profile without a ledger).")
     head: BlockCounts | None = Field(

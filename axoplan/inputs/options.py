@@ -130,6 +130,19 @@ class RunOptions(Frozen):
             raise ValueError(f"unknown framework {v!r}; known: {', '.join(known)}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ledger_frameworks_run_the_hf_path(cls, data: Any) -> Any:
+        """A framework that runs Hugging Face's eager model (its profile's ``axonn_path: hf``) runs on AxoNN's
+        Hugging Face path: every GPU its own sequences at full width (``docs/decisions.md``, issue 29)."""
+        if isinstance(data, dict) and isinstance(data.get("framework"), str):
+            from axoplan.inputs.framework import frameworks_dir, load_framework
+
+            path = frameworks_dir() / f"{data['framework']}.yaml"
+            if path.is_file() and load_framework(data["framework"]).axonn_path == "hf":
+                data = {**data, "axonn_path": "hf"}
+        return data
+
     @field_validator("micro_batches")
     @classmethod
     def _sorted_unique(cls, v: tuple[int, ...]) -> tuple[int, ...]:
