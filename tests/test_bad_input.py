@@ -177,6 +177,8 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("validate-cpu-run-vs-frontier", ("validate", "cpu-as-frontier.jsonl"), "ran on CPU ranks (gloo)"),
     ("validate-cpu-run-vs-gpu-machine", ("validate", CPU_RUNS, "--machine", "dgx-a100"), "machine"),
     ("validate-unknown-machine", ("validate", VTRAIN, "--machine", "dgx-a10"), "did you mean"),
+    ("validate-a-plan", ("validate", "plan.json"), "plan.json is a launch config (a plan), not measured runs: "
+                                                    "`axoplan run plan.json` times it"),
     # --- calibrate ---
     ("calibrate-out-suffix", (*CAL, "-o", "fit.txt"), "must end in .yaml"),
     ("calibrate-out-exists", (*CAL, "-o", "existing.yaml"), "already exists"),
