@@ -200,3 +200,24 @@ def test_unaligned_vocabulary_runs_slower_only_where_a_device_measured_it() -> N
     assert ratio[0] > 4.0  # 1/0.2 on the compute, the shapes otherwise equal
     ratio_a100 = gemm_s(a100, m, np.array([50257.0]), k) / gemm_s(a100, m, np.array([50264.0]), k)
     assert ratio_a100[0] < 1.01
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("kernels", "norm"), 7.0, "field 'kernels.norm' = 7"),
+    (("kernels", "attention", "cudnn", "efficiency", 0), 3.0, "every efficiency must be in (0, 1]"),
+])
+def test_an_impossible_op_class_constant_is_refused_in_one_line(tmp_path: Path, path: tuple, value: float,
+                                                                  message: str) -> None:
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "machines" / "dgx-h100.yaml").read_text())
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    done = subprocess.run([sys.executable, "-m", "axoplan", "rank", "--model", "5B", "--gpus", "8", "--machine",
+                           str(bad)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

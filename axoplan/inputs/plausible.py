@@ -113,6 +113,8 @@ MACHINE_RANGES: dict[str, Range] = {
     "attention_efficiency": _FRACTION,
     "attention_triton_efficiency": _FRACTION,
     "memory_efficiency": _FRACTION,
+    **{f"kernels.{k}": _FRACTION for k in ("elementwise", "activation", "norm", "copy_cast", "reduction", "loss",
+                                           "optimizer", "memset", "unaligned_gemm_efficiency")},
     "host.op_us": Range("us", (1e-2, 1e4), (0.5, 1e3)),
     "host.launch_us": Range("us", (0, 1e4), (0, 100)),
     "measured_bandwidth.*.bandwidth_gbs": _LINK,
