@@ -221,3 +221,23 @@ def test_an_impossible_op_class_constant_is_refused_in_one_line(tmp_path: Path, 
                            str(bad)], capture_output=True, text=True, check=False)
     assert done.returncode == 2 and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+TRACE_UNMET = {"norm": 0.17, "copy_cast": 0.17, "optimizer": 0.27}
+"""Classes of the H100 GPT-2 trace the untuned ledger misses by more than 15 %, at the miss seen when this test was
+written (norm -16 %, copy/cast -16 %, optimizer +26 %): bounds that may not grow."""
+
+
+def test_each_class_against_the_traces_own_classes() -> None:
+    """The same step's chrome trace, each kernel classed by what it computes (``axoplan.records.kernel_classes``:
+    layer norm's GammaBetaBackward as norm, cuDNN's backward helpers as attention, casting loads as
+    element-wise), against the ledger's classes one by one."""
+    from axoplan.records.trace import read_trace
+
+    step = read_trace(DATA / "trace-gpt2-1.3b-s2048-mb4-h100.json.gz").steps[0]
+    cols = _predicted("dgx-h100", 4, False)
+    cols["t_class_optimizer_s"] = cols["t_optimizer_s"]
+    for cls in ("gemm", "attention", "norm", "activation", "elementwise", "copy_cast", "reduction", "loss",
+                "optimizer"):
+        measured, predicted = step.by_class[cls].seconds, cols[f"t_class_{cls}_s"]
+        assert abs(predicted / measured - 1.0) <= TRACE_UNMET.get(cls, 0.15), (cls, predicted, measured)
