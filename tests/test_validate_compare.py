@@ -73,3 +73,20 @@ def test_table_carries_the_predicted_parts_that_sum_to_the_step() -> None:
     parts = table.filter(like="pred_t_").sum(axis=1)
     assert parts.to_numpy() == pytest.approx(table["predicted_s"].to_numpy(), rel=1e-9)
     assert table["feasible"].all()
+
+
+def test_a_validation_of_several_files_gives_each_files_error() -> None:
+    """Runs of one machine from two files: one line per file, with that file's plans, MAPE and signed error."""
+    from axoplan.validate.report import format_validation
+
+    machine = theory_machine()
+    plans = small_plans(worlds=(4,), micro_batches=(1, 2), recompute=(False,))
+    times = Predictor(plans).step_s(machine)
+    runs = [Measured(p, float(t / 1.1) if i % 2 else float(t * 1.25), f"{'a' if i % 2 else 'b'}.jsonl:{i + 1}")
+            for i, (p, t) in enumerate(zip(plans, times, strict=True))]
+    text = format_validation(validate(runs, machine), rows=False)
+    n_a, n_b = len(plans) // 2, len(plans) - len(plans) // 2
+    assert f"\n  from b.jsonl: {n_b} plans, MAPE 20.0%, mean signed error -20.0%" in text
+    assert f"\n  from a.jsonl: {n_a} plans, MAPE 10.0%, mean signed error +10.0%" in text
+    one_file = [Measured(r.plan, r.t_step_s, "a.jsonl:" + r.where.split(":")[1]) for r in runs]
+    assert "  from " not in format_validation(validate(one_file, machine), rows=False)
