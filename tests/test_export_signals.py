@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from axoplan.errors import AxoplanError
+from axoplan.export import files as export_files
 from axoplan.export.files import JOURNAL_NAME, LOCK_NAME, STAGING_PREFIX, NewFile, write_all_or_nothing
 from tests.conftest import REPO
 from tests.test_export import cli
@@ -154,3 +156,27 @@ def test_a_stale_staging_folder_and_lock_are_cleaned_by_the_next_write(tmp_path:
     assert (out / "01-a" / "plan.json").read_text() == "old\n"
     assert sorted(p.name for p in out.iterdir()) == ["01-a", "02-b", "04-d"]
     assert [p.name for p in (out / "02-b").iterdir()] == ["checkpoint"]
+
+
+def test_a_replaced_file_the_undo_cannot_put_back_is_kept_for_the_next_write(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forced write whose new file cannot be renamed in, and whose undo then cannot put the old one back either
+    (a disk failing twice), keeps the old file in the staging folder; the next write into the folder restores it."""
+    out = tmp_path / "plans"
+    write_all_or_nothing(out, [NewFile("01-a/plan.json", "old\n")], force=False)
+    real, calls = os.replace, []
+
+    def failing(src: os.PathLike[str], dst: os.PathLike[str]) -> None:
+        calls.append(dst)
+        if len(calls) in (2, 3):  # the new file in, then the old one back
+            raise OSError(5, "Input/output error", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(export_files.os, "replace", failing)
+    with pytest.raises(AxoplanError, match="Input/output error"):
+        write_all_or_nothing(out, [NewFile("01-a/plan.json", "new\n")], force=True)
+    monkeypatch.setattr(export_files.os, "replace", real)
+    (staging,) = out.glob(f"{STAGING_PREFIX}*")
+    assert [p.read_text() for p in (staging / "old").iterdir()] == ["old\n"]  # not lost
+    write_all_or_nothing(out, [NewFile("02-b/plan.json", "other\n")], force=False)
+    assert (out / "01-a" / "plan.json").read_text() == "old\n" and debris(out) == []

@@ -214,7 +214,8 @@ def _write(out_dir: Path, files: Sequence[NewFile], targets: Sequence[Path]) -> 
         raise AxoplanError(f"cannot write {exc.filename or out_dir}: {exc.strerror or exc}; nothing was changed "
                            f"in {out_dir}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not (staging / JOURNAL_NAME).exists() or not any((staging / "old").glob("*")):
+            shutil.rmtree(staging, ignore_errors=True)  # else a file the undo could not put back waits there
 
 
 def _precheck(out_dir: Path, targets: Sequence[Path], force: bool) -> None:
@@ -298,11 +299,12 @@ def _commit(out_dir: Path, staging: Path, moves: Sequence[_Move]) -> None:
     try:
         for move in moves:
             dst = out_dir / move.relpath
+            done.append(move)  # first: a signal between the two renames must still see the old file put back
             if move.backup is not None:
                 os.replace(dst, staging / move.backup)
-            done.append(move)
             os.replace(staging / "tree" / move.relpath, dst)
             _pause_for_tests("published")
+        journal.unlink()  # published: nothing to undo any more (what the new files replaced goes with the staging)
     except OSError as exc:
         _undo(out_dir, staging, done)
         raise OSError(exc.errno, exc.strerror, str(dst)) from exc
