@@ -191,6 +191,8 @@ def test_runs_are_grouped_by_the_machine_they_were_recorded_on() -> None:
                                                  "--machine frontier for those, or no --machine for every machine")
     with pytest.raises(AxoplanError, match=r"x:2: run was recorded on machine 'frontier', not 'perlmutter'"):
         runs_of_machine([runs[1]], perlmutter, "perlmutter")
+    with pytest.raises(AxoplanError, match=r"^no run was recorded on alps: the runs are of perlmutter, frontier; "):
+        runs_of_machine(runs, load_machine("alps"), "alps")
 
 
 def test_a_launch_config_given_as_runs_says_how_to_measure_it(tmp_path: Path) -> None:

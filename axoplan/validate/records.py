@@ -376,6 +376,10 @@ def runs_of_machine(runs: Sequence[Measured], machine: Machine, reference: str,
     (``--machine`` picks one). An error when none is of `machine`, or when its runs ran on another
     kind of device (unless `any_device`)."""
     kept = [r for r in runs if _belongs(r, machine, reference)]
+    names = list(by_machine(runs))
+    if not kept and len(names) > 1:
+        raise AxoplanError(f"no run was recorded on {machine.name}: the runs are of {', '.join(names)}; give "
+                           "--machine one of them")
     if not kept:
         raise _wrong_machine(runs[0], machine)
     if not any_device:
