@@ -1,12 +1,15 @@
-"""`axoplan probe`: measure GEMMs and collectives here; write a machine-YAML fragment.
+"""`axoplan probe`: measure the host, every op class, GEMMs and collectives here; write a machine-YAML fragment.
 
     axoplan probe --local 4 --machine local-cpu -o local-cpu-probe.yaml
     torchrun --nproc-per-node 8 -m axoplan probe --plan plan.json -o node-probe.yaml
 
 The fragment holds ``measured_bandwidth`` rows (one per group stride and size that the
 probed world size's layouts contain) and a ``gemm`` block with a measured ``table`` (with
-``--plan``, each phase's shape in every operand layout, and ``orientation_efficiency``);
-merge it into a machine YAML (docs/executor.md). Its header names the CPU of the node that
+``--plan``, each phase's shape in every operand layout, and ``orientation_efficiency``),
+a ``host`` block (per op, per launch; the sync round trip in a comment) and a ``kernels``
+section (every op class the ledger prices: ``axoplan.executor.kernel_sweep``, derived as
+``benchmarks/kernel_constants.py`` derives dgx-h100's); merge it into a machine YAML
+(docs/executor.md). Its header names the CPU of the node that
 wrote it (``axoplan.executor.hardware``), the core ``host.op_us`` was measured on. Only typer
 and the standard library are imported here.
 """
@@ -51,12 +54,18 @@ def probe(
         "--orientations", help="Operand layouts to time each GEMM shape in, e.g. nn,nt,tn,tt (default: all four "
                                "with --plan, where each phase has its own; else nn).", show_default=False)] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed calls per measurement.")] = 5,
+    kernels: Annotated[bool, typer.Option(
+        "--kernels/--no-kernels", help="Time every op class the ledger prices (element-wise, norms, activation, "
+                                       "cast, row sums, fills, loss, AdamW, attention per SDPA backend).")] = True,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Fewer shapes (under a minute on one GPU): GEMM grid ends only, one size per op class, "
+                        "three attention lengths at 32 heads.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds any collective may wait.")] = 60.0,
     device: Annotated[_Device, typer.Option("--device", help="auto: cuda when available.")] = _Device.auto,
     dtype: Annotated[_Dtype, typer.Option("--dtype", help="auto: bfloat16 on GPU, float32 on CPU.")] = _Dtype.auto,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
 ) -> None:
-    """Measure GEMM throughput and all-reduce / all-gather / reduce-scatter bandwidth and latency.
+    """Measure the host, every op class, GEMM throughput and all-reduce / all-gather / reduce-scatter bandwidth.
 
     Collectives run for every group stride and size that layouts of this world size
     have, all groups of one shape at once. Works on CPU with gloo too.
@@ -67,7 +76,8 @@ def probe(
     check_writable(out, force)
     config_plan, peak, machine_name, base = _peak(plan, machine)
     config = _config(config_plan, gemm_sizes, min_kib, max_mib, repeats, timeout, device.value, dtype.value)
-    config = config.model_copy(update={"orientations": _orientations(orientations, config_plan is not None)})
+    config = config.model_copy(update={"orientations": _orientations(orientations, config_plan is not None),
+                                       "kernels": kernels, "quick": quick})
     if local is not None:
         result = _probe_local(config, local)
     else:
@@ -181,12 +191,14 @@ def _write(out: Path, result: Any, peak: float, machine: str, base: dict[str, An
     from axoplan.inputs.machine import Machine
 
     when = datetime.now(UTC).isoformat(timespec="seconds")
-    text = _with_host_identity(render_fragment(result, peak, machine, when), result)
+    hbm_gbs = float(base["device"]["hbm_bandwidth_gbs"])
+    text = _with_host_identity(render_fragment(result, peak, machine, when, hbm_gbs), result)
     Machine.model_validate(merge_fragment(base, yaml.safe_load(text)))  # what we write must load
     write_text_atomic(out, text, force=force)
     typer.echo(text, nl=False)
     typer.echo(f"wrote {out}: {len({(c.stride, c.size) for c in result.collectives})} bandwidth rows, "
-               f"{len(result.gemms)} GEMM points; merge it into a machine YAML (docs/executor.md)", err=True)
+               f"{len(result.gemms)} GEMM points, {len(result.kernel_records)} kernel records; merge it into a "
+               "machine YAML (docs/executor.md)", err=True)
 
 
 def _with_host_identity(text: str, result: Any) -> str:

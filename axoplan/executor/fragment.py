@@ -25,6 +25,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
+from axoplan.executor.kernel_constants import kernels_yaml
 from axoplan.inputs.axes import AXES, strides
 from axoplan.inputs.machine import Orientation
 from axoplan.inputs.schema import Frozen
@@ -50,6 +51,9 @@ class ProbeConfig(Frozen):
     orientations: tuple[Orientation, ...] = Field(("nn",), min_length=1,
                                                   description="Operand layouts each shape is timed in.")
     gemm_labels: tuple[str, ...] = Field((), description="What each shape is (e.g. 'qkv forward'), for comments.")
+    kernels: bool = Field(True, description="Also time every op class the ledger prices "
+                          "(axoplan.executor.kernel_sweep), for a kernels: section.")
+    quick: bool = Field(False, description="Fewer shapes: the kernel sweep's quick sizes.")
 
 
 class CollectivePoint(Frozen):
@@ -84,6 +88,11 @@ class ProbeResult(Frozen):
     host_launch_us: float | None = Field(None, ge=0, description="What the same chain on the device costs the host "
                                          "beyond host_op_us, per kernel it launches: the launch (0 on a CPU).")
     cpu_cores: int | None = Field(None, gt=0, description="CPU probes: the cores the ranks of a node may run on.")
+    host_sync_us: float | None = Field(None, ge=0, description="Host microseconds a stream synchronize waits for one "
+                                       "tiny kernel just queued, beyond queueing it (None on a CPU).")
+    kernel_records: tuple[dict[str, str | int | float | bool], ...] = Field(
+        (), description="Rank 0's kernel sweep, in the fields of data/measured/gpu-h100-h200/micro*.jsonl.")
+    kernel_notes: tuple[str, ...] = Field((), description="Op classes or attention backends not measured, and why.")
 
 
 def group_shapes(world_size: int) -> list[tuple[int, int]]:
@@ -162,8 +171,10 @@ def fit_gemm_curve(points: list[tuple[int, int, int, float]]) -> tuple[float, fl
     return best[1], best[2]
 
 
-def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when: str) -> str:
-    """The YAML fragment, with where and how it was measured in comments."""
+def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when: str,
+                    hbm_gbs: float | None = None) -> str:
+    """The YAML fragment, with where and how it was measured in comments; a ``kernels:`` section from the
+    kernel sweep's records as shares of `hbm_gbs` (``axoplan.executor.kernel_constants``)."""
     eff = [(g.m, g.n, g.k, 2.0 * g.m * g.n * g.k / g.seconds / (peak_tflops * 1e12)) for g in result.gemms]
     capped = [(m, n, k, min(1.0, e)) for m, n, k, e in eff]
     nn = [p for p, g in zip(capped, result.gemms, strict=True) if g.orientation == "nn"]
@@ -179,6 +190,7 @@ def render_fragment(result: ProbeResult, peak_tflops: float, machine: str, when:
         *_bandwidth_block(result),
         *_host_lines(result),
         *_device_lines(result),
+        *_kernel_lines(result, hbm_gbs, peak_tflops, machine),
         "gemm:",
         f"  max_efficiency: {_num(max_eff)}         # fitted to the table's nn rows below",
         f"  half_efficiency_dim: {_num(half)}",
@@ -202,7 +214,17 @@ def _host_lines(result: ProbeResult) -> list[str]:
     if result.host_launch_us is not None:
         lines.append(f"  launch_us: {_num(result.host_launch_us)}  # measured: the same chain on the device, "
                      "minus op_us, per kernel launched")
+    if result.host_sync_us is not None:
+        lines.append(f"  # sync: {_num(result.host_sync_us)} us per cudaStreamSynchronize round trip (one tiny "
+                     "kernel queued, then synchronize, beyond queueing it; no machine field reads it yet)")
     return lines
+
+
+def _kernel_lines(result: ProbeResult, hbm_gbs: float | None, peak_tflops: float, machine: str) -> list[str]:
+    if not result.kernel_records or hbm_gbs is None:
+        return [f"# {note}" for note in result.kernel_notes]
+    records = [dict(r) for r in result.kernel_records]
+    return kernels_yaml(records, list(result.kernel_notes), hbm_gbs, peak_tflops, machine)
 
 
 def _device_lines(result: ProbeResult) -> list[str]:

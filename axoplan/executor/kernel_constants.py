@@ -12,6 +12,9 @@ time the benchmark spent accumulating q, k and v's gradients into their leaf ten
 tensors, so from the second call on autograd adds into ``.grad``. The loss's efficiency takes off its two
 casts (12 bytes per logit at the cast's efficiency) and the same leaf accumulation (6 bytes per logit),
 leaving the ledger's loss ops (``LOSS_BYTES_PER_LOGIT``).
+
+``kernels_yaml`` writes the section the probe's fragment carries: each value capped to the machine schema's
+``(0, 1]`` (a comment says where), with what was timed and how in comments.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["LOSS_BYTES_PER_LOGIT", "ADAMW_BYTES_PER_PARAM", "CAST_BYTES_PER_ELEMENT", "TENSORS_MOVED",
-           "read_records", "kernel_constants", "attention_curves", "CLASSES"]
+           "read_records", "kernel_constants", "attention_curves", "CLASSES", "kernels_yaml"]
 
 LOSS_BYTES_PER_LOGIT = 32.0
 """Bytes the loss class moves per logit in the Hugging Face ledgers (``frameworks/ledgers/hf-*.json``):
@@ -58,7 +61,7 @@ def kernel_constants(recs: list[dict[str, Any]], hbm_gbs: float, peak_tflops: fl
 
     Classes without records are left out. Values are as measured: above 1 where a benchmark beat the datasheet
     (a cache-resident CPU tensor), ``inf`` where taking off the loss's casts leaves no time; the probe's
-    fragment caps them (``axoplan.executor.kernel_yaml``).
+    fragment caps them (``kernels_yaml``).
     """
     bw = hbm_gbs * 1e9
     ok = [r for r in recs if "error" not in r]
@@ -116,3 +119,84 @@ def attention_curves(recs: list[dict[str, Any]], bw: float, peak_tflops: float, 
         curves.setdefault(r["backend"], {}).setdefault(r["seq"], []).append(eff)
     return {name: {"seq": sorted(pts), "efficiency": [round(statistics.median(pts[s]), 3) for s in sorted(pts)]}
             for name, pts in curves.items()}
+
+
+def kernels_yaml(recs: list[dict[str, Any]], notes: list[str], hbm_gbs: float, peak_tflops: float,
+                 machine: str) -> list[str]:
+    """The ``kernels:`` lines of a machine-YAML fragment, or comments saying why there are none."""
+    c = kernel_constants(recs, hbm_gbs, peak_tflops)
+    skipped = [f"# {line}" for line in notes]
+    missing = [k for k in CLASSES if k not in c and k != "memset"]  # memset has a default
+    if missing:
+        return [f"# no kernels: section: {', '.join(missing)} not measured (a machine's kernels: needs every "
+                "memory-bound class)", *skipped]
+    ok = [r for r in recs if "error" not in r]
+    lines = [f"# kernels: shares of {hbm_gbs:g} GB/s (the HBM bandwidth of machine {machine}) by the bytes each "
+             f"kernel must move; attention over {peak_tflops:g} TFLOP/s; derived by "
+             "axoplan.executor.kernel_constants, as benchmarks/kernel_constants.py derives dgx-h100's", *skipped,
+             "kernels:"]
+    how = _how(ok)
+    for name in CLASSES:
+        if name in c:
+            lines.append(f"  {name}: {_share(c[name])}  # {how[name]}{_capped(c[name])}")
+    if "unaligned_gemm_efficiency" in c:
+        lines.append(f"  unaligned_gemm_efficiency: {_share(c['unaligned_gemm_efficiency'])}  "
+                     f"# {how['unaligned']}{_capped(c['unaligned_gemm_efficiency'])}")
+    lines.append("  derived: []  # every class above measured on this device")
+    curves = c.get("attention") or {}
+    default = c.get("default_attention")
+    if default in curves:
+        lines.append(f"  default_attention: {default}  # the backend SDPA picks by itself for causal bf16 "
+                     "(torch._fused_sdp_choice)")
+    if curves:
+        lines.append(f"  attention:  # {how['attention']}")
+        for name, curve in curves.items():
+            effs = ", ".join(_share(e) for e in curve["efficiency"])
+            lines.append(f"    {name}: {{seq: [{', '.join(str(s) for s in curve['seq'])}], efficiency: [{effs}]}}")
+    return lines
+
+
+def _how(recs: list[dict[str, Any]]) -> dict[str, str]:
+    """What was timed for each class, from the records."""
+    def of(kind: str) -> list[dict[str, Any]]:
+        return [r for r in recs if r["kind"] == kind]
+
+    ew, red = of("elementwise"), of("reduction")
+    shape = (f"{ew[0]['rows']} x {{{','.join(str(r['hidden']) for r in ew)}}} {ew[0].get('dtype', 'bfloat16')}"
+             if ew else "")
+    rms = statistics.median(r["rms_norm_gbs"] for r in ew) if ew and "rms_norm_gbs" in ew[0] else None
+    fused = [r for r in of("optimizer") if r["impl"] == "AdamW fused fp32"]
+    foreach = [r for r in of("optimizer") if r["impl"] == "AdamW foreach fp32"]
+    loss, cast, fill, gemm = of("loss"), of("cast"), of("memset"), of("gemm_unaligned")
+    att = of("attention")
+    return {
+        "elementwise": f"x + y on {shape}, 3 tensors moved, median over sizes",
+        "norm": f"layer norm on {shape}, 2 tensors moved" + (f"; RMS norm reached {rms:.4g} GB/s" if rms else ""),
+        "activation": f"silu(x) * y on {shape}, 3 tensors moved",
+        "copy_cast": f"fp32 -> bf16 of {cast[0]['elements'] if cast else 0} elements in 16 tensors, 6 bytes each",
+        "reduction": f"x.sum(dim=0) (a bias gradient) on {shape}" if red else "",
+        "loss": f"cross-entropy of bf16 logits upcast to fp32, {loss[0]['tokens'] if loss else 0} tokens x vocabulary "
+                f"{','.join(str(r['vocab']) for r in loss)}, forward+backward, its casts and leaf-gradient add "
+                f"taken off, {LOSS_BYTES_PER_LOGIT:g} bytes per logit",
+        "optimizer": f"fused AdamW fp32 over {fused[0]['params'] if fused else 0} parameters in 16 tensors, "
+                     f"{ADAMW_BYTES_PER_PARAM:g} bytes per parameter"
+                     + (f"; foreach took {foreach[0]['step_s'] / fused[0]['step_s']:.2f}x as long"
+                        if fused and foreach else ""),
+        "memset": f"zero_ of {shape}" if fill else "",
+        "unaligned": (f"[{gemm[0]['m']} x {gemm[0]['k']}] x [{gemm[0]['k']} x {gemm[0]['n']}] against width "
+                      f"{gemm[0]['n_aligned']}, flop rate ratio" if gemm else ""),
+        "attention": ("causal forward+backward over peak, FlashAttention-2 flops, head_dim "
+                      f"{att[0]['head_dim']}, {{{','.join(str(h) for h in sorted({r['heads'] for r in att}))}}} "
+                      "heads (median), leaf-gradient adds taken off" if att else ""),
+    }
+
+
+def _share(value: float) -> str:
+    """A share YAML reads as a float in the schema's (0, 1]: capped at 1, at least 0.001, 3 decimals."""
+    return f"{min(1.0, max(0.001, value)):.3f}"
+
+
+def _capped(value: float) -> str:
+    if value > 1:
+        return f" (measured {value:.3g}: above the datasheet, capped at 1)"
+    return f" (measured {value:.2g}: floored at 0.001)" if value < 0.001 else ""

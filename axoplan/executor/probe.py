@@ -1,4 +1,8 @@
-"""`axoplan probe` on each rank: time GEMMs and the three collectives for every group shape.
+"""`axoplan probe` on each rank: the host, every op class the ledger prices, GEMMs and the three collectives.
+
+Host: the cost per eager op, per kernel launch and per stream synchronize. Op classes: the kernel sweep
+(``axoplan.executor.kernel_sweep``), every rank at once (ranks of a node share its memory, as in a run),
+rank 0's records written.
 
 GEMMs: every rank times every shape, in each configured operand layout, at once (ranks
 that share a node share its memory and, on CPU, its cores, as in a run), 2 warm-up calls
@@ -11,6 +15,7 @@ groups that share links or NICs are measured sharing them; per call the slowest 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -28,6 +33,7 @@ from axoplan.executor.fragment import (
     message_sizes,
 )
 from axoplan.executor.hardware import usable_cores
+from axoplan.executor.kernel_sweep import kernel_sweep
 from axoplan.executor.ranks import DistEnv
 from axoplan.executor.spec import ExecSettings
 from axoplan.executor.train import device_name, resolve_device, resolve_dtype
@@ -64,18 +70,26 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
     device = resolve_device(settings, local_rank)
     dtype = resolve_dtype(settings, device)
     gpu = device.type == "cuda"
-    shapes = config.gemm_shapes or tuple(grid_gemm_shapes([512, 2048, 8192] if gpu else [64, 256, 1024]))
-    sizes = config.message_bytes or tuple(message_sizes(64 << 10, 256 << 20) if gpu else
+    say = _progress if dist.get_rank() == 0 else (lambda _line: None)
+    shapes = config.gemm_shapes or tuple(grid_gemm_shapes(_default_dims(gpu, config.quick)))
+    sizes = config.message_bytes or tuple(message_sizes(64 << 10, (64 if config.quick else 256) << 20) if gpu else
                                           message_sizes(4 << 10, 4 << 20))
+    t0 = time.perf_counter()
     chains = [host_op_us_measured(torch.device("cpu"), torch.float32, config.repeats)]
     if device.type != "cpu":  # the same chain on the device: what it costs beyond the host op is the launch
         chains.append(host_op_us_measured(device, dtype, config.repeats))
-    host_op_us, *device_op_us = _median_over_ranks(chains, device)
+        chains.append(host_sync_us_measured(device))
+    host_op_us, *device_us = _median_over_ranks(chains, device)
+    say(f"host: {host_op_us:.3g} us per op, {time.perf_counter() - t0:.1f} s")
+    records, notes = kernel_sweep(device, dtype, config.quick, say) if config.kernels else ([], [])
     timed = [(shape, o) for shape in shapes for o in config.orientations]
+    t0 = time.perf_counter()
     gemm_s = _median_over_ranks([_gemm_s(shape, o, device, dtype, config.repeats) for shape, o in timed], device)
+    say(f"GEMMs: {len(timed)} shapes and layouts, {time.perf_counter() - t0:.1f} s")
     labels = dict(zip(shapes, config.gemm_labels, strict=False))
     world = dist.get_world_size()
     points = []
+    t0 = time.perf_counter()
     for stride, size in group_shapes(world):
         group = _groups(Layout(stride, size, 1, world // (stride * size)), config.timeout_s)
         for nbytes in sizes:
@@ -83,6 +97,9 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
                 seconds = _collective_s(op, nbytes, size, group, device, dtype, config.repeats)
                 points.append(CollectivePoint(op=op, stride=stride, size=size, nbytes=_rounded(nbytes, size, dtype),
                                               seconds=seconds))
+    if group_shapes(world):
+        say(f"collectives: {len(points)} points over {len(group_shapes(world))} group shapes, "
+            f"{time.perf_counter() - t0:.1f} s")
     if dist.get_rank() != 0:
         return None
     return ProbeResult(world_size=world, device_name=device_name(device), backend=dist.get_backend(),
@@ -90,9 +107,22 @@ def probe_rank(config: ProbeConfig, local_rank: int = 0) -> ProbeResult | None:
                        gemms=tuple(GemmTime(m=m, n=n, k=k, orientation=o, label=labels.get((m, n, k), ""), seconds=s)
                                    for ((m, n, k), o), s in zip(timed, gemm_s, strict=True)),
                        collectives=tuple(points), host_op_us=host_op_us,
-                       host_launch_us=max(device_op_us[0] - host_op_us, 0.0) / CHAIN_KERNELS_PER_OP
-                       if device_op_us else 0.0,
-                       cpu_cores=usable_cores() if device.type == "cpu" else None)
+                       host_launch_us=max(device_us[0] - host_op_us, 0.0) / CHAIN_KERNELS_PER_OP
+                       if device_us else 0.0,
+                       host_sync_us=device_us[1] if device_us else None,
+                       cpu_cores=usable_cores() if device.type == "cpu" else None,
+                       kernel_records=tuple(records), kernel_notes=tuple(notes))
+
+
+def _default_dims(gpu: bool, quick: bool) -> list[int]:
+    """GEMM dimensions of the default grid: 512-8192 on a GPU, 64-1024 on a CPU; the two ends with `quick`."""
+    dims = [512, 2048, 8192] if gpu else [64, 256, 1024]
+    return [dims[0], dims[-1]] if quick else dims
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(f"probe: {line}\n")
+    sys.stderr.flush()
 
 
 HOST_CHAIN = 50  # blocks of four ops: linear, view, transpose, GeLU
@@ -120,6 +150,28 @@ def host_op_us_measured(device: torch.device, dtype: torch.dtype, repeats: int) 
 
     seconds = statistics.median(_timed(chain, device, max(repeats, 5), warmup=3))
     return seconds / (2 * 4 * HOST_CHAIN) * 1e6
+
+
+SYNC_REPEATS = 200
+
+
+def host_sync_us_measured(device: torch.device) -> float:
+    """Host microseconds of a ``cudaStreamSynchronize`` round trip: one tiny kernel queued, then the stream
+    synchronized, beyond the time queueing it alone takes; median of `SYNC_REPEATS` (what an ``.item()`` or a
+    host-side check costs a step beyond its kernel)."""
+    z = torch.zeros(16, device=device)
+    stream = torch.cuda.current_stream(device)
+    queued, waited = [], []
+    for _ in range(SYNC_REPEATS):
+        stream.synchronize()
+        t0 = time.perf_counter()
+        z.add_(1.0)
+        t1 = time.perf_counter()
+        stream.synchronize()
+        t2 = time.perf_counter()
+        queued.append(t1 - t0)
+        waited.append(t2 - t0)
+    return max(statistics.median(waited) - statistics.median(queued), 0.0) * 1e6
 
 
 def _sync(device: torch.device) -> None:
