@@ -15,7 +15,6 @@ from axoplan.validate.records import (
     CSV_REQUIRED,
     Measured,
     by_machine,
-    check_machine,
     load_runs,
     machine_matches,
     runs_of_machine,
@@ -164,8 +163,8 @@ def test_runs_from_another_machine_are_refused() -> None:
     plans = small_plans(worlds=(4,), micro_batches=(1,), recompute=(False,))[:1]
     runs = [Measured(plans[0], 1.0, "runs.jsonl:7")]
     with pytest.raises(AxoplanError, match=r"runs.jsonl:7: run was recorded on machine 'perlmutter', not 'frontier'"):
-        check_machine(runs, load_machine("frontier"), "frontier")
-    check_machine(runs, load_machine("perlmutter"), "perlmutter")  # no error
+        runs_of_machine(runs, load_machine("frontier"), "frontier")
+    assert runs_of_machine(runs, load_machine("perlmutter"), "perlmutter") == (runs, [])
 
 
 def test_a_calibrated_copy_matches_the_runs_of_its_machine() -> None:

@@ -39,7 +39,7 @@ from axoplan.records.runs import read_runs
 from axoplan.report import plural
 from axoplan.space.layout import Layout
 
-__all__ = ["Measured", "load_runs", "machine_matches", "check_machine", "runs_of_machine", "skipped_note",
+__all__ = ["Measured", "load_runs", "machine_matches", "runs_of_machine", "skipped_note",
            "by_machine", "recorded_name", "vtrain_plan", "CSV_REQUIRED", "CSV_OPTIONAL", "VTRAIN_COLUMNS",
            "VTRAIN_MACHINE"]
 
@@ -358,16 +358,6 @@ def _belongs(run: Measured, machine: Machine, reference: str) -> bool:
 def _wrong_machine(run: Measured, machine: Machine) -> AxoplanError:
     return AxoplanError(f"{run.where}: run was recorded on machine {run.plan.machine!r}, not {machine.name!r}; "
                         "validate or calibrate each machine with its own runs")
-
-
-def check_machine(runs: Sequence[Measured], machine: Machine, reference: str, any_device: bool = False) -> None:
-    """Refuse runs recorded on another machine than `machine` (name them, with their line), or on another
-    kind of device unless `any_device`."""
-    for run in runs:
-        if not _belongs(run, machine, reference):
-            raise _wrong_machine(run, machine)
-    if not any_device:
-        check_device_kind(runs, machine)
 
 
 def runs_of_machine(runs: Sequence[Measured], machine: Machine, reference: str,
