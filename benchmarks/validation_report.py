@@ -5,12 +5,17 @@ data set, how much each figure rests on a constant, and what calibration on one 
     python benchmarks/validation_report.py --only llm-foundry-40gb
     python benchmarks/validation_report.py --skip-calibration
     python benchmarks/validation_report.py --slow             # and vTrain's 5-fold coverage (3 more minutes)
+    python benchmarks/validation_report.py --skip-calibration --only-gpu   # the H100/H200 sources alone (seconds)
 
 1. **Untuned**, per source (the shipped machine YAML, nothing fitted): MAPE, mean signed error
    (bias), worst plan, plans called "does not fit" (all of them ran) and "tight", the mean Kendall τ
    of throughput per GPU within groups of one model at several GPU counts, the share of plans
-   inside their 80 % prediction interval, and the sensitivity band (the error as each constant
-   moves across its sourced range, one at a time; ``axoplan.validate.sensitivity``).
+   inside their 80 % prediction interval (widened by each plan's reach beyond what was measured,
+   ``axoplan.uncertainty.reach``), the best plan predicted first (sources with scenarios), and the
+   sensitivity band (the error as each constant moves across its sourced range, one at a time;
+   ``axoplan.validate.sensitivity``). The GPU sources of 2026-11-26: the Hugging Face GPT-2 1.3B
+   profiles (``profile-gpt2-*.jsonl``: 3 steps, framework ``hf-transformers``, family ``gpt2``) and
+   axoplan's executor's H100 records, read as ``axoplan validate`` reads them.
 2. **Calibrated, held out**: fitted on one source and measured on the others (the fitted values
    carried to the other source's machine: the 80 GB DGX A100 is the 40 GB one's twin); fitted on
    some model sizes of a source and measured on the others; for the CPU runs, 5-fold
@@ -20,14 +25,20 @@ data set, how much each figure rests on a constant, and what calibration on one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from axoplan.inputs.machine import Machine, load_machine
 from axoplan.inputs.machine_params import with_values
-from axoplan.report import text_table
+from axoplan.report import plural, text_table
+from axoplan.uncertainty.reach import plan_reach_sigma
 from axoplan.validate.calibrate import calibrate, split_holdout
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
 from axoplan.validate.coverage import coverage, cross_validated
@@ -37,6 +48,7 @@ from axoplan.validate.sensitivity import sensitivity
 
 REPO = Path(__file__).resolve().parent.parent
 LLM_FOUNDRY = REPO / "data/measured/llm-foundry/runs-a100.csv"
+GPU = REPO / "data/measured/gpu-h100-h200"
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,30 @@ class Source:
     path: Path
     machine: str
     keep: Callable[[Measured], bool] = lambda run: True
+    read: Callable[[Path], list[Measured]] = lambda path: load_runs([path])
+
+
+GPT2_CSV_HEAD = ("model_name,machine,layers,hidden,heads,ffn_hidden,vocab,max_positions,tied_embeddings,biases,seq_len,"
+                 "global_batch,micro_batch,gx,gy,gz,gdata,recompute,t_step_s,framework")
+
+
+def gpt2_profiles(machine: str) -> Callable[[Path], list[Measured]]:
+    """The measured GPT-2 1.3B steps of a ``profile-gpt2-*.jsonl`` (Hugging Face ``Trainer(bf16=True)`` on one
+    GPU, one micro-batch per step, ``grad_ckpt`` as full recompute; tests/test_ledger.py's reading) as measured
+    runs of framework ``hf-transformers``, through the measured-run CSV a user would write, with the model's
+    family (GPT-2, which the CSV cannot name) set afterwards."""
+    def read(path: Path) -> list[Measured]:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        body = [f"gpt2-1.3b,{machine},24,2048,16,8192,50257,2048,true,true,{r['seq']},{r['micro_batch']},"
+                f"{r['micro_batch']},1,1,1,1,{str(r['grad_ckpt']).lower()},{r['step_s_median']},hf-transformers"
+                for r in rows]
+        with tempfile.TemporaryDirectory() as tmp:
+            csv = Path(tmp) / f"{path.stem}.csv"
+            csv.write_text("\n".join([GPT2_CSV_HEAD, *body]) + "\n")
+            runs = load_runs([csv])
+        return [dataclasses.replace(r, where=r.where.replace(str(csv), path.name), plan=r.plan.model_copy(
+            update={"model": r.plan.model.model_copy(update={"family": "gpt2"})})) for r in runs]
+    return read
 
 
 SOURCES: dict[str, Source] = {
@@ -51,7 +87,11 @@ SOURCES: dict[str, Source] = {
     "llm-foundry-40gb": Source(LLM_FOUNDRY, "dgx-a100", lambda r: r.plan.machine == "dgx-a100"),
     "llm-foundry-80gb": Source(LLM_FOUNDRY, "dgx-a100-80gb", lambda r: r.plan.machine == "dgx-a100-80gb"),
     "cpu-gloo": Source(REPO / "data/measured/cpu-gloo/runs.jsonl", "local-cpu"),
+    "gpt2-h100": Source(GPU / "profile-gpt2-h100.jsonl", "dgx-h100", read=gpt2_profiles("dgx-h100")),
+    "gpt2-h200": Source(GPU / "profile-gpt2-h200.jsonl", "dgx-h200", read=gpt2_profiles("dgx-h200")),
+    "executor-h100": Source(GPU / "axoplan-measure-gpu-h100/runs.jsonl", "dgx-h100"),
 }
+GPU_SOURCES = ("gpt2-h100", "gpt2-h200", "executor-h100")
 MODEL_FOLDS: dict[str, dict[str, Callable[[PlanRuns], bool]]] = {
     "vtrain": {
         "hold out hidden 1024 (fit on 2048)": lambda p: p.plan.model.hidden == 1024,
@@ -70,7 +110,7 @@ CROSS = (("vtrain", "llm-foundry-40gb"), ("vtrain", "llm-foundry-80gb"), ("llm-f
 
 def runs_of(name: str) -> list[Measured]:
     src = SOURCES[name]
-    return [r for r in load_runs([src.path]) if src.keep(r)]
+    return [r for r in src.read(src.path) if src.keep(r)]
 
 
 def untuned(names: list[str]) -> None:
@@ -80,17 +120,24 @@ def untuned(names: list[str]) -> None:
         src, t0 = SOURCES[name], time.perf_counter()
         plans, machine = aggregate(runs_of(name)), load_machine(SOURCES[name].machine)
         s = summarize(plan_table(plans, Predictor([p.plan for p in plans])(machine)))
-        cov = coverage(plans, machine, 0.8)
+        cov, plain = coverage(plans, machine, 0.8), coverage(plans, _without_reach(machine), 0.8)
         sens = sensitivity(plans, machine)
         low, high = sens.band
+        reach = plan_reach_sigma([p.plan for p in plans], machine)
         rows.append([name, src.machine, str(s.plans), f"{s.mape_pct:.1f}%", f"{low:.1f}-{high:.1f}%",
                      f"{s.bias_pct:+.1f}%", f"{s.worst_pct:+.1f}%", str(s.does_not_fit), str(s.tight),
-                     _tau(s), f"{cov.covered:.0%}"])
+                     _tau(s), f"{s.best_predicted_first}/{s.scenarios}" if s.scenarios else "n/a",
+                     f"{float(np.median(reach)):.2f}", f"{cov.covered:.0%} ({int(cov.inside.sum())}/{cov.plans})",
+                     f"{plain.covered:.0%}"])
         bands.append((name, sens, time.perf_counter() - t0))
     print("== untuned: the shipped machine YAMLs, nothing fitted ==\n")
     print(text_table(["source", "machine", "plans", "MAPE", "band", "bias", "worst", "does not fit", "tight",
-                      "tau across GPUs", "80% coverage"], rows, [False, False] + [True] * 9))
-    print("\nband: lowest and highest MAPE as each constant moves across its sourced range (one at a time)\n")
+                      "tau across GPUs", "best first", "reach sigma", "80% coverage", "without reach"], rows,
+                     [False, False] + [True] * 12))
+    print("\nband: lowest and highest MAPE as each constant moves across its sourced range (one at a time); "
+          "reach sigma: the median plan's widening of the model error (axoplan.uncertainty.reach)\n")
+    for name in names:
+        _print_reaches(name)
     for name, sens, seconds in bands:
         moves = sorted(sens.moves, key=lambda m: -abs(m.mape_high_pct - m.mape_low_pct))
         print(f"{name}: MAPE {sens.mape_pct:.1f}% as shipped ({seconds:.0f} s); the constants that move it most:")
@@ -99,6 +146,30 @@ def untuned(names: list[str]) -> None:
              f"{m.mape_low_pct:.1f}%", f"{m.mape_high_pct:.1f}%"] for m in moves[:6]],
             [False, True, False, True, True]))
         print()
+
+
+def _without_reach(machine: Machine) -> Machine:
+    """`machine` with its model error marked measured at the default: intervals as before issue 29's reach."""
+    from axoplan.inputs.machine import ParameterUncertainty
+    from axoplan.uncertainty.intervals import DEFAULT_MODEL_SIGMA
+
+    u = machine.uncertainty or ParameterUncertainty()
+    if u.model_error is not None:
+        return machine
+    return machine.model_copy(update={"uncertainty": u.model_copy(update={"model_error": DEFAULT_MODEL_SIGMA})})
+
+
+def _print_reaches(name: str) -> None:
+    """Which reaches each source's plans take, with how many plans (docs/validate.md)."""
+    from axoplan.uncertainty.reach import reaches
+
+    counts: dict[str, int] = {}
+    machine = load_machine(SOURCES[name].machine)
+    for p in aggregate(runs_of(name)):
+        for r in reaches(p.plan.model, p.plan.options, machine):
+            counts[r.what] = counts.get(r.what, 0) + 1
+    told = "; ".join(f"{what} ({plural(n, 'plan')})" for what, n in counts.items()) or "none"
+    print(f"{name}: reaches {told}")
 
 
 def _tau(s: Summary) -> str:
@@ -188,8 +259,11 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(SOURCES), help="one source's untuned figures")
     parser.add_argument("--skip-calibration", action="store_true", help="untuned figures only")
     parser.add_argument("--slow", action="store_true", help="also vTrain's 5-fold cross-validated coverage (3 min)")
+    parser.add_argument("--only-gpu", action="store_true", help="the H100/H200 sources' untuned figures only")
     args = parser.parse_args()
-    untuned([args.only] if args.only else list(SOURCES))
+    untuned([args.only] if args.only else list(GPU_SOURCES) if args.only_gpu else list(SOURCES))
+    if args.only_gpu:
+        return
     if args.skip_calibration or args.only:
         return
     across_sources()
