@@ -81,12 +81,11 @@ def test_each_reach_applies_where_its_source_says() -> None:
     # the H200's copy/cast, loss and optimizer are the H100's
     assert _found(GPT2, "dgx-h200") == {
         "device's copy_cast, loss, optimizer taken from another device": SIGMA_DERIVED}
-    # families: Llama's trace covers Llama and Mistral; Mixtral and an unnamed model fall back on the MLP kind
-    llama = PRESETS["llama3.1-8B"]
-    assert _found(llama, "dgx-h100") == {}
-    assert _found(llama.model_copy(update={"family": "mistral"}), "dgx-h100") == {}
-    assert _found(PRESETS["mixtral-8x7B"], "dgx-h100") == {
-        "model family mixtral not traced, op list by its MLP kind": SIGMA_FAMILY}
+    # families: Llama's trace covers Llama (and the configs read as Llama); OLMoE and an unnamed model fall back on
+    # the MLP kind
+    assert _found(PRESETS["llama3.1-8B"], "dgx-h100") == {}
+    olmoe = PRESETS["mixtral-8x7B"].model_copy(update={"family": "olmoe"})
+    assert _found(olmoe, "dgx-h100") == {"model family olmoe not traced, op list by its MLP kind": SIGMA_FAMILY}
     assert _found(GPT2.model_copy(update={"family": None}), "dgx-h100") == {
         "no model family traced, op list by its MLP kind": SIGMA_FAMILY}
 
