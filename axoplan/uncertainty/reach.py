@@ -19,9 +19,9 @@ written before any coverage with them was computed):
 * **device's op classes derived from another device** (``kernels.derived``, as the H200's copy/cast, loss and
   optimizer are the H100's): :data:`SIGMA_DERIVED` = 0.105, the RMS of ``ln(H200/H100)`` over the classes
   measured on both;
-* **model family no trace covers** (``ledger_family`` falls back on the MLP kind): :data:`SIGMA_FAMILY` = 0.22,
-  the RMS of the per-class misses the traced GPT-2 ledger still shows against the GPT-2 profiles
-  (``tests/test_ledger.py`` ``UNMET``);
+* **model family no trace covers** (``ledger_family``/``shipped_family`` fall back on a neighbour's trace):
+  :data:`SIGMA_FAMILY` = 0.22, the RMS of the per-class misses the traced GPT-2 ledger still shows against the
+  GPT-2 profiles (``tests/test_ledger.py`` ``UNMET``);
 * **sequence length outside the attention curve** (held flat beyond its ends): ``share · slope · d``, the
   attention class's share of the step times the curve's own change in ``ln`` efficiency per doubling at that
   end times the doublings beyond it.
@@ -87,7 +87,8 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
     def flat(what: str, sigma: float) -> Reach:
         return Reach(what, np.full(size, sigma))
 
-    if load_framework(options.framework).ledger is None:
+    ledger = load_framework(options.framework).ledger
+    if ledger is None:
         return (flat("framework counted, not traced", SIGMA_COUNTED),)
     found = []
     kernels = machine.kernels
@@ -95,7 +96,7 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
         found.append(flat("device's op classes never measured", SIGMA_UNMEASURED))
     elif kernels.derived:
         found.append(flat(f"device's {', '.join(kernels.derived)} taken from another device", SIGMA_DERIVED))
-    if not _family_traced(model):
+    if not _family_traced(model, ledger):
         family = getattr(model, "family", None)
         named = f"model family {family} not" if family else "no model family"
         found.append(flat(f"{named} traced, op list by its MLP kind", SIGMA_FAMILY))
@@ -107,15 +108,14 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
     return tuple(found)
 
 
-def _family_traced(model: ModelSpec) -> bool:
-    """Does the model's own family choose its ledger? ``ledger_family`` (the one rule) falls back on the MLP kind
-    where it does not, so the answer is whether flipping the MLP kind changes its pick."""
-    from axoplan.cost.ledger import ledger_family
+def _family_traced(model: ModelSpec, ledger: str) -> bool:
+    """Is the op list `ledger` prices `model` with traced from the model's own family? Not where the model names
+    no family or ``ledger_family``/``shipped_family`` (the one rule for which trace a model gets) fall back on a
+    neighbour's (the MLP kind, Mixtral's for any mixture, GPT-2's where the framework traced no other)."""
+    from axoplan.cost.ledger import ledger_family, shipped_family
 
-    if getattr(model, "family", None) is None:
-        return False
-    other = model.model_copy(update={"ffn_kind": "gelu" if model.ffn_kind == "swiglu" else "swiglu"})
-    return ledger_family(other) == ledger_family(model)
+    family = getattr(model, "family", None)
+    return family is not None and shipped_family(ledger, ledger_family(model)) == family
 
 
 def _beyond_attention_curve(machine: Machine, seq_len: int) -> tuple[str, float] | None:
