@@ -62,7 +62,7 @@ VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "slic
 def op_class(name: str) -> str:
     """The ledger class of an aten op (``axoplan.cost.ledger.OP_CLASSES``)."""
     base = name.split(".")[0].lstrip("_")
-    if base in {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm"}:
+    if base in {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm", "grouped_mm"}:
         return "gemm"
     if "scaled_dot_product" in base or "flash_attention" in base or "efficient_attention" in base:
         return "attention"
@@ -233,8 +233,14 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                vocab_size=v, max_position_embeddings=s, rotary_pct=0.25, use_parallel_residual=True,
                                hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0)
         cls = tr.GPTNeoXForCausalLM
+    elif family == "mixtral":
+        cfg = tr.MixtralConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
+                               intermediate_size=f, vocab_size=v, max_position_embeddings=s, num_local_experts=EXPERTS,
+                               num_experts_per_tok=TOP_K, tie_word_embeddings=False, router_aux_loss_coef=0.0,
+                               output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+        cls = tr.MixtralForCausalLM
     else:
-        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, gpt-neox")
+        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, gpt-neox, mixtral")
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = cls(cfg)
@@ -242,6 +248,38 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
         model = model.to(torch.bfloat16)
     model.train()
     return model
+
+
+GQA_FAMILIES = ("llama", "mixtral")
+"""Families whose key-value heads are their own dimension (grouped-query attention)."""
+
+EXPERTS, TOP_K = 8, 2
+"""Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): a mixture's op
+list depends on them, so they are fixed in its ledger, not symbols."""
+
+
+@contextmanager
+def balanced_routing(model: Any) -> Iterator[None]:
+    """Route token t to experts ``(t·k + j) mod E``: every expert gets exactly ``T·k/E`` tokens (Switch Transformer's
+    balanced router as the planning case, ``docs/algorithm.md`` §4c), so every size stays a monomial. The router
+    still computes its logits, softmax and top-k as transformers does; only the indices chosen are replaced."""
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    originals = [r.forward for r in routers]
+
+    def routed(router: Any, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def run(hidden: torch.Tensor) -> Any:
+            logits, scores, _ = forward(hidden)
+            t = torch.arange(logits.shape[0], device=logits.device)[:, None] * TOP_K + torch.arange(TOP_K)
+            return logits, scores, t % router.num_experts
+        return run
+
+    for r, f in zip(routers, originals, strict=True):
+        r.forward = routed(r, f)
+    try:
+        yield
+    finally:
+        for r, f in zip(routers, originals, strict=True):
+            r.forward = f
 
 
 def blocks_of(model: Any) -> list[torch.nn.Module]:
@@ -266,7 +304,7 @@ def trace_step(family: str, dims: dict[str, int], precision: str) -> tuple[dict[
     rec = Recorder()
     saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
     block = blocks_of(model)[0]
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # one step untraced: optimizer states exist, as in training
+    with torch.autocast("cpu", dtype=torch.bfloat16), balanced_routing(model):  # one step untraced: states exist
         model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -280,7 +318,7 @@ def trace_step(family: str, dims: dict[str, int], precision: str) -> tuple[dict[
     block.register_forward_hook(setter("rest_forward"))
     block.register_full_backward_pre_hook(setter("block_backward"))
     block.register_full_backward_hook(setter("rest_backward"))
-    with cuda_autocast_on_cpu(), rec:
+    with cuda_autocast_on_cpu(), rec, balanced_routing(model):
         with torch.autocast("cpu", dtype=torch.bfloat16), saved_bytes(rec, saved):
             loss = model(input_ids=ids, labels=ids).loss
         rec.scope = "rest_backward"
@@ -376,11 +414,11 @@ def derive(family: str, precision: str, base: dict[str, int], framework: str = "
     trace = trace_executor_step if framework == "executor" else trace_step
     runs = {"base": trace(family, base, precision)}
     for sym in SYMBOLS:
-        if sym == "KV" and family != "llama":
+        if sym == "KV" and family not in GQA_FAMILIES:
             continue
         dims = dict(base)
         dims[sym] *= 2
-        if sym == "NH" and family != "llama":
+        if sym == "NH" and family not in GQA_FAMILIES:
             dims["KV"] = dims["NH"]
         runs[sym] = trace(family, dims, precision)
     varied = [s for s in runs if s != "base"]
@@ -429,6 +467,7 @@ def _entry(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied:
         entry["axis"] = activation_axis(scope, op["region"])
     if entry["class"] in {"gemm", "attention"}:
         entry["flops"] = _flops_terms(op, i, scope, runs, varied, base)
+        entry["dtype"] = "fp32" if op["in"] and op["in"][0][1] == 4 else "bf16"
     if is_view(op["op"]):
         entry["class"] = "view"
     return entry
@@ -445,6 +484,9 @@ def _flops_terms(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], v
                 q, k = shapes[1], shapes[2]  # grad_out, query, key, ...
             b, nh, s, d = q
             return 4 * b * nh * s * k[2] * d * (5 if name.endswith("backward") else 2) // 2
+        if name.lstrip("_") == "grouped_mm":  # E groups: 2·M·K·N summed over groups = 2·sqrt(|A|·|B|·|C| / E)
+            a, b, offs = shapes[0], shapes[1], shapes[2]
+            return round(2 * math.sqrt(math.prod(a) * math.prod(b) * o["out"][0][0] / math.prod(offs)))
         dims = [s for s in shapes if len(s) >= 2][-2:]
         if len(dims) < 2:
             return 0
@@ -487,7 +529,7 @@ BASE = {"B": 2, "S": 16, "H": 32, "NH": 4, "KV": 2, "F": 48, "V": 40}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", required=True, choices=["gpt2", "llama", "gpt-neox"])
+    ap.add_argument("--family", required=True, choices=["gpt2", "llama", "gpt-neox", "mixtral"])
     ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16"],
                     help="autocast: fp32 weights under bf16 autocast (Trainer(bf16=True)); "
                     "bf16: bf16 weights and states")
@@ -498,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     base = dict(BASE)
-    if args.family != "llama":
+    if args.family not in ("llama", "mixtral"):
         base["KV"] = base["NH"]
     else:  # two query heads per KV head at every doubling (one would change the executor's op list)
         base.update(NH=8, H=64)
@@ -511,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         "symbols": {"B": "micro-batch sequences", "S": "sequence length", "H": "hidden size", "NH": "attention heads",
                     "KV": "key-value heads", "F": "FFN width", "V": "vocabulary"},
         "base_dims": base,
+        **({"moe": {"experts": EXPERTS, "top_k": TOP_K}} if args.family == "mixtral" else {}),
         **ledger,
     }
     ledgers = Path(__file__).resolve().parents[1] / "frameworks" / "ledgers"

@@ -26,7 +26,7 @@ import pytest
 from axoplan.cost.ledger import attention_efficiency, ledger_family, load_ledger, price_ledger
 from axoplan.cost.model import predict
 from axoplan.inputs.machine import load_machine
-from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.model import ModelSpec, MoESpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import Layout
@@ -241,3 +241,52 @@ def test_each_class_against_the_traces_own_classes() -> None:
                 "optimizer"):
         measured, predicted = step.by_class[cls].seconds, cols[f"t_class_{cls}_s"]
         assert abs(predicted / measured - 1.0) <= TRACE_UNMET.get(cls, 0.15), (cls, predicted, measured)
+
+
+MIXTRAL_S = ModelSpec(name="mixtral-s", num_layers=8, hidden=1024, num_heads=16, num_kv_heads=8, ffn_hidden=3584,
+                      vocab=32000, ffn_kind="swiglu", biases=False, tied_embeddings=False, max_positions=2048,
+                      moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=3584), family="mixtral")
+
+
+def _mixtral() -> dict[str, float]:
+    options = RunOptions(global_batch=8, seq_len=2048, micro_batches=(8,), recompute="off", cache_weights="off",
+                         framework="hf-transformers")
+    p = predict(MIXTRAL_S, load_machine("dgx-h100"), options, Candidates.single(Layout(1, 1, 1, 1), 8, False, False))
+    return {k: float(v[0]) for k, v in p.columns.items()}
+
+
+def test_transformers_mixtral_runs_its_experts_in_fp32_and_the_step_is_within_ten_percent() -> None:
+    """The small Mixtral profile (profile-mixtral-s-h100.jsonl: transformers 5's MixtralForCausalLM, 8 experts,
+    top-2, fp32 weights under bf16 autocast): its expert GEMMs run in fp32 on the CUDA cores (the profile's
+    sm80_xmma_gemm_f32f32 and cutlass simt_sgemm kernels; transformers' _grouped_mm is not autocast-enabled), which
+    the ledger prices at the device's fp32 peak (67 TFLOP/s, datasheet) times the tile model's best efficiency
+    [assumed]. Untuned: the step -8.4 %, GEMMs -5 %, element-wise with copy/cast -3.5 %."""
+    prof = json.loads((DATA / "profile-mixtral-s-h100.jsonl").read_text().splitlines()[0])
+    assert prof["params"] == pytest.approx(MIXTRAL_S.num_params(), rel=0.01)
+    cols = _mixtral()
+    assert abs(cols["t_step_s"] / prof["step_s_median"] - 1.0) <= 0.10
+    by = prof["by_category"]
+    assert abs(cols["t_class_gemm_s"] / by["gemm"]["s"] - 1.0) <= 0.15
+    ew = sum(cols[f"t_class_{c}_s"] for c in ("elementwise", "copy_cast", "activation", "memset"))
+    assert abs(ew / (by["elementwise"]["s"] + by["copy_cast"]["s"]) - 1.0) <= 0.15
+
+
+def test_transformers_experts_are_refused_where_axonn_would_have_to_shard_them() -> None:
+    from axoplan.search.feasibility import check
+
+    options = RunOptions(global_batch=16, seq_len=2048, micro_batches=(8,), recompute="off", cache_weights="off",
+                         framework="hf-transformers")
+    for layout, fails in ((Layout(1, 2, 1, 1), True), (Layout(1, 1, 2, 1), True), (Layout(1, 1, 1, 2), False)):
+        f = check(MIXTRAL_S, options, Candidates.single(layout, 8, False, False))
+        assert ("moe" in f.failed(0)) == fails
+        if fails:
+            assert "not nn.Linear modules" in f.text(0, "moe")
+
+
+def test_a_mixture_the_ledger_was_not_traced_for_is_refused() -> None:
+    from axoplan.errors import AxoplanError
+
+    olmoe_like = MIXTRAL_S.model_copy(update={"moe": MoESpec(num_experts=64, top_k=8, expert_ffn_hidden=1024)})
+    options = RunOptions(global_batch=8, seq_len=2048, micro_batches=(8,), framework="hf-transformers")
+    with pytest.raises(AxoplanError, match="traced for 8 experts, top-2, not 64 experts, top-8"):
+        predict(olmoe_like, load_machine("dgx-h100"), options, Candidates.single(Layout(1, 1, 1, 1), 8, False, False))

@@ -59,6 +59,7 @@ class MoeImpl(StrEnum):
     auto = "auto"
     hf_mixtral = "hf-mixtral"
     native = "native"
+    transformers = "transformers"
 
 
 class BackwardGather(StrEnum):
@@ -126,8 +127,9 @@ RUN_FLAGS: tuple[Flag, ...] = (
          "How AxoNN is run: megatron (Megatron-AxoNN's expert-mode linears) or hf (Hugging Face / Lightning: "
          "every GPU its own sequences, activations redistributed around every linear)."),
     Flag("moe_impl", ("--moe-impl",), MoeImpl, MoeImpl.auto,
-         "MoE models: hf-mixtral (AxoNN's Mixtral patch, a 4D linear per expert), native (AxoNN's DroplessMoEMLP) "
-         "or auto (hf-mixtral on the hf path, native on megatron)."),
+         "MoE models: hf-mixtral (AxoNN's Mixtral patch, a 4D linear per expert), native (AxoNN's DroplessMoEMLP), "
+         "transformers (transformers' grouped experts, unsharded: Gx=Gy=Gz=1) or auto (transformers under "
+         "--framework hf-transformers, hf-mixtral on the hf path, native on megatron)."),
     Flag("expert_tp", ("--expert-tp",), int, 1,
          "Native MoE: the tensor-parallel size of DroplessMoEMLP inside Z (tokens gathered over it).", {"min": 1}),
     Flag("backward_gather", ("--backward-gather",), BackwardGather, BackwardGather.prefetched,

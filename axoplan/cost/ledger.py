@@ -46,7 +46,7 @@ from axoplan.inputs.schema import shipped_folder
 from axoplan.space.candidates import Candidates
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
-           "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family"]
+           "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family", "per_step_s"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -79,6 +79,7 @@ class LedgerOp:
     write: tuple[Term, ...]
     flops: tuple[Term, ...] = ()
     axis: str | None = None
+    dtype: str = "bf16"  # a GEMM's operands: bf16 on the tensor cores, fp32 on the CUDA cores
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +92,17 @@ class Ledger:
     saved: dict[str, tuple[Term, ...]]
     optimizer_bytes_per_param: dict[str, float]  # read and written, by op class (fused AdamW: 'optimizer')
     optimizer_kernels: int
+    moe: tuple[int, int] | None = None  # a mixture's experts and top-k, fixed when it was traced
 
     def ops(self, scope: str) -> tuple[LedgerOp, ...]:
         return self.scopes.get(scope, ())
 
 
 def ledger_family(model: ModelSpec) -> str:
-    """The traced family whose op list `model` runs: its config's family where known, else GPT-2's blocks for a
-    GeLU MLP with biases and Llama's for a SwiGLU one."""
+    """The traced family whose op list `model` runs: Mixtral's for a mixture of experts, its config's family where
+    known, else GPT-2's blocks for a GeLU MLP with biases and Llama's for a SwiGLU one."""
+    if model.moe is not None:
+        return "mixtral"
     family = getattr(model, "family", None)
     if family in ("gpt2", "llama", "gpt-neox"):
         return str(family)
@@ -134,12 +138,13 @@ def load_ledger(name: str, family: str) -> Ledger:
     doc = json.loads(path.read_text())
     scopes = {scope: tuple(LedgerOp(o["op"], o["class"], int(o["count"]), _terms(o["read"], o.get("axis")),
                                     _terms(o["write"], o.get("axis")), _terms(o.get("flops", []), o.get("axis")),
-                                    o.get("axis")) for o in ops)
+                                    o.get("axis"), o.get("dtype", "bf16")) for o in ops)
               for scope, ops in doc["scopes"].items()}
     opt = doc["optimizer"]
     return Ledger(name, family, doc["made_by"], doc["versions"], scopes,
                   {k: _terms(v) for k, v in doc["saved"].items()},
-                  {str(k): float(v) for k, v in opt["bytes_per_param"].items()}, int(opt["ops"]))
+                  {str(k): float(v) for k, v in opt["bytes_per_param"].items()}, int(opt["ops"]),
+                  (int(doc["moe"]["experts"]), int(doc["moe"]["top_k"])) if "moe" in doc else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +226,13 @@ def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) ->
 
 def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates,
                  attention_backend: str | None = None, hf_path: bool = True) -> LedgerCost:
-    """Price every entry of `ledger` for every candidate (see the module docstring)."""
+    """Price every entry of `ledger` for every candidate (see the module docstring). A mixture's ledger fixes its
+    experts and top-k (its op list loops over them): another mixture is refused in one line."""
+    if model.moe is not None and ledger.moe != (model.moe.num_experts, model.moe.top_k):
+        traced = f"{ledger.moe[0]} experts, top-{ledger.moe[1]}" if ledger.moe else "a dense model"
+        raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for {traced}, not "
+                           f"{model.moe.num_experts} experts, top-{model.moe.top_k}: trace one "
+                           f"(benchmarks/derive_ledger.py) or use --framework axonn")
     sym = symbols(model, seq_len, c)
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
     one = np.ones_like(gx)
@@ -238,9 +249,11 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             if op.op_class == "view":
                 continue
             kernels[scope] += op.count
-            if op.op_class == "gemm":
-                continue
-            if op.op_class == "attention":
+            if op.op_class == "gemm" and op.dtype != "fp32":
+                continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
+            if op.op_class == "gemm":  # fp32 on the CUDA cores (transformers' grouped experts under autocast)
+                t = op.count * _evaluate(op.flops, sym, shard) / (machine.peak_fp32_flops * machine.gemm.max_efficiency)
+            elif op.op_class == "attention":
                 t = op.count * 0.5 * _evaluate(op.flops, sym, shard) / attn_rate  # the causal half
             else:
                 eff = _efficiency(machine, op.op_class)
@@ -260,15 +273,22 @@ def _efficiency(machine: Machine, op_class: str) -> float:
     return machine.kernels.of(op_class)  # type: ignore[arg-type]
 
 
+def per_step_s(cost: LedgerCost, op_class: str, num_layers: int, recompute: npt.NDArray[np.bool_],
+               n_micro: Floats) -> Floats:
+    """Seconds per step of one class: a block's forward (again under recompute) and backward times the layers, the
+    rest once, per micro-batch times the micro-batches."""
+    rec = recompute.astype(np.float64)
+    block = cost.class_s(op_class, "block_forward") * (1.0 + rec) + cost.class_s(op_class, "block_backward")
+    rest = cost.class_s(op_class, "rest_forward") + cost.class_s(op_class, "rest_backward")
+    return n_micro * (num_layers * block + rest)
+
+
 def ledger_class_columns(cost: LedgerCost, num_layers: int, recompute: npt.NDArray[np.bool_], n_micro: Floats,
                          gemm_s: Floats) -> dict[str, Floats]:
     """Seconds per step of each op class (``t_class_<class>_s``): a block's ops times the layers (its forward again
     under recompute), the rest once, per micro-batch times the micro-batches; GEMMs as the tile model priced them
     (`gemm_s`, already per step). What `explain` shows beside a profiler trace's split."""
-    rec = recompute.astype(np.float64)
-    cols: dict[str, Floats] = {"t_class_gemm_s": gemm_s}
-    for (scope, op_class), t in cost.seconds.items():
-        times = num_layers * ((1.0 + rec) if scope == "block_forward" else 1.0) if scope.startswith("block") else 1.0
-        key = f"t_class_{op_class}_s"
-        cols[key] = cols.get(key, 0.0) + n_micro * times * t
+    cols = {f"t_class_{cls}_s": per_step_s(cost, cls, num_layers, recompute, n_micro)
+            for cls in sorted({cls for _, cls in cost.seconds}) if cls != "gemm"}
+    cols["t_class_gemm_s"] = gemm_s  # the tile model's and the ledger's own (fp32) GEMMs: compute_columns's t_gemm_s
     return cols

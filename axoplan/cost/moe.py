@@ -15,6 +15,13 @@ Neither path has expert parallelism: every GPU holds a shard of every expert.
   other ``Gz/expert_tp`` ranks (FSDP), gathered before the forward and again before the backward
   (``_gather(..., cache=False)``), their gradients reduce-scattered, all blocking (:func:`native_terms`).
 
+* **transformers** (transformers 5's own ``MixtralExperts``: every expert's weights in one 3-D parameter, one
+  grouped GEMM per projection over the tokens sorted by expert, ``transformers/integrations/moe.py``): not an
+  ``nn.Linear``, so neither ``auto_parallelize`` nor AxoNN's Mixtral patch (written for per-expert ``nn.Linear``
+  modules) shards it; it runs whole on every GPU, only with data parallelism (``Gx = Gy = Gz = 1``), its GEMMs in
+  the weights' dtype (``_grouped_mm`` is not autocast-enabled: fp32 under ``Trainer(bf16=True)``), priced with
+  the rest of its op list by the framework's ledger (``axoplan.cost.ledger``).
+
 The router (``nn.Linear(H, E)``) is replicated on both paths: every GPU runs it on its own tokens and its
 gradient is all-reduced with the other replicated parameters.
 """
@@ -62,6 +69,8 @@ def expert_plan(spec: LinearLayer, model: ModelSpec, options: RunOptions, c: Can
     `rows` are the tokens a dense linear's GEMMs see (the hf path's gathered rows), `tokens` the GPU's own."""
     if not spec.is_expert or model.moe is None:
         return ExpertPlan(spec, 1, rows, 1.0, None, False)
+    if options.moe_module == "transformers":  # the framework's ledger prices its grouped fp32 GEMMs
+        return ExpertPlan(spec, 1, rows * spec.token_share, 0.0, None, False)
     if options.moe_module == "hf-mixtral":
         one = spec.with_shape(spec.k_in, spec.n_out, spec.out_chunks, 1, spec.token_share)
         routed = rows * spec.token_share

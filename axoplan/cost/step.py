@@ -13,7 +13,7 @@ import numpy.typing as npt
 from axoplan.cost.compute import memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.layers import Groups, Layer
-from axoplan.cost.ledger import LedgerCost
+from axoplan.cost.ledger import LedgerCost, per_step_s
 from axoplan.cost.memory import replicated_params, sharded_params
 from axoplan.cost.scale import interference_s, straggler_factor
 from axoplan.cost.terms import CollectiveTerm
@@ -36,13 +36,16 @@ def compute_columns(
     """GEMM, non-GEMM and optimizer seconds per step (an expert linear's calls share its block's non-GEMM work:
     ``axoplan.cost.layers``). The optimizer is the ledger's where the framework has one, else 30 bytes per
     parameter at ``memory_efficiency`` (read and write the fp32 master, both moments and the gradient, write
-    the bf16 weight)."""
+    the bf16 weight). The ledger's own GEMMs (fp32 ones, which no 4D linear holds) came in with the block's
+    other ops and are counted as GEMMs."""
     rec = c.recompute.astype(np.float64)
     gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
     other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
     params = sharded_params(model, c, options) + replicated_params(model)
     if ledger is not None:
         optimizer = ledger.optimizer_s(machine, params)
+        moved = per_step_s(ledger, "gemm", model.num_layers, c.recompute, np.ones_like(n_micro))  # its fp32 GEMMs
+        gemm, other = gemm + moved, other - moved
     else:
         optimizer = memory_bound_s(machine, params * 30.0)
     if dilation is not None:

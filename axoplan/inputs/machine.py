@@ -93,6 +93,9 @@ class Device(Frozen):
 
     name: str
     peak_bf16_tflops: PositiveFloat = Field(description="Dense bf16 peak, TFLOP/s per device.")
+    peak_fp32_tflops: PositiveFloat | None = Field(
+        None, description="fp32 peak without tensor cores (CUDA cores, SIMT), TFLOP/s per device: where an fp32 GEMM "
+        "runs (autocast does not reach transformers' grouped expert GEMMs). None: a sixteenth of the bf16 peak.")
     hbm_gb: PositiveFloat = Field(description="HBM capacity per device, GB (1e9 bytes).")
     hbm_bandwidth_gbs: PositiveFloat = Field(description="HBM bandwidth per device, GB/s.")
     reserve: Reserve = Field(
@@ -432,6 +435,13 @@ class Machine(Frozen):
     def total_devices(self) -> int | None:
         """Devices in the whole machine, or None when its size is not given."""
         return None if self.nodes is None else self.nodes * self.devices_per_node
+
+    @property
+    def peak_fp32_flops(self) -> float:
+        """The device's fp32 SIMT peak, flop/s (``device.peak_fp32_tflops``; without it a sixteenth of the bf16
+        peak [assumed: the A100's datasheet ratio, 19.5 of 312; the H100 SXM's is 67 of 989, 1/14.8])."""
+        tflops = self.device.peak_fp32_tflops
+        return (tflops if tflops is not None else self.device.peak_bf16_tflops / 16.0) * 1e12
 
     @property
     def peak_flops(self) -> float:

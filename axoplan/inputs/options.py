@@ -80,10 +80,11 @@ class RunOptions(Frozen):
         "megatron", description="How AxoNN is run: megatron (Megatron-AxoNN's expert-mode linears, the batch over "
         "Gdata·Gz) or hf (Hugging Face / Lightning: auto_parallelize's linears, every GPU its own sequences, "
         "activations redistributed around every linear).")
-    moe_impl: Literal["auto", "hf-mixtral", "native"] = Field(
+    moe_impl: Literal["auto", "hf-mixtral", "native", "transformers"] = Field(
         "auto", description="Mixture-of-experts module (MoE models only): hf-mixtral (AxoNN's Mixtral patch, one "
         "4D linear per expert), native (AxoNN's DroplessMoEMLP: a grouped GEMM over a tensor-parallel group inside "
-        "Z) or auto (hf-mixtral on the hf path, native on the megatron path).")
+        "Z), transformers (transformers' own grouped experts, which AxoNN does not shard) or auto (transformers "
+        "under a framework that is transformers' code, hf-mixtral on the hf path, native on the megatron path).")
     expert_tp: PositiveInt = Field(
         1, description="DroplessMoEMLP's tensor-parallel size: tokens are gathered over this many Z ranks, "
         "expert weights sharded over the other Gz/expert_tp (native MoE only).")
@@ -158,6 +159,10 @@ class RunOptions(Frozen):
         """The MoE module actually used: ``moe_impl``, with auto resolved by the path."""
         if self.moe_impl != "auto":
             return self.moe_impl
+        from axoplan.inputs.framework import load_framework
+
+        if load_framework(self.framework).axonn_path == "hf":
+            return "transformers"
         return "hf-mixtral" if self.hf_path else "native"
 
     @property

@@ -110,6 +110,7 @@ MACHINE_RANGES: dict[str, Range] = {
     "gemm.table.*.k": Range("elements", (1, 1 << 24), (1, 1 << 20)),
     **{f"gemm.orientation_efficiency.{o}": Range("(relative to nn)", (1e-3, 4.0), (0.2, 1.5))
        for o in ("nn", "nt", "tn", "tt")},
+    "device.peak_fp32_tflops": Range("TFLOP/s", (1e-3, 1e5), (0.1, 1e4)),
     "attention_efficiency": _FRACTION,
     "attention_triton_efficiency": _FRACTION,
     "memory_efficiency": _FRACTION,

@@ -115,6 +115,8 @@ def _moe_fails(model: ModelSpec, options: RunOptions, c: Candidates) -> npt.NDAr
         return np.zeros(len(c), dtype=bool)
     if options.moe_module == "hf-mixtral":
         return np.full(len(c), not options.hf_path)
+    if options.moe_module == "transformers":
+        return c.gx * c.gy * c.gz != 1
     tp, width = options.expert_tp, model.moe.expert_ffn_hidden
     return (c.gx * c.gy != 1) | (c.gz % tp != 0) | (width % tp != 0)
 
@@ -123,6 +125,9 @@ def _moe(f: Feasibility, i: int) -> str:
     c, o = f.candidates, f.options
     if o.moe_module == "hf-mixtral":
         return "AxoNN's Mixtral patch runs its expert linears on the hf path (--axonn-path hf)"
+    if o.moe_module == "transformers":
+        return (f"transformers' grouped experts are not nn.Linear modules, so AxoNN shards none of them: they run "
+                f"only with Gx=Gy=Gz=1 (layout {c.layout(i)}); for AxoNN's own MoE use --moe-impl native")
     return (f"AxoNN's native MoE module builds its groups inside Z: it needs Gx=Gy=1 and --expert-tp {o.expert_tp} "
             f"dividing Gz={c.gz[i]} and the expert width (layout {c.layout(i)})")
 
