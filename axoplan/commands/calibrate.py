@@ -3,6 +3,8 @@
     axoplan calibrate runs.jsonl --machine local-cpu -o local-cpu-calibrated.yaml
     axoplan calibrate data/measured/vtrain_a100_single_node_pp1.csv --machine dgx-a100 \\
         -o dgx-a100-calibrated.yaml --holdout 0.3 --seed 0
+    axoplan calibrate --trace trace.json.gz --machine dgx-h100 -o h100-mine.yaml --model config.json \\
+        --framework hf-transformers --global-batch 4 --micro-batch 4 --recompute off
 
 Only typer and the standard library are imported here; the work is imported when the
 command runs, so `axoplan --help` stays fast.
@@ -11,13 +13,20 @@ command runs, so `axoplan --help` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
+from axoplan.commands.options import ModelFlags, shared_options
 from axoplan.commands.validate import RunsArg
 
+if TYPE_CHECKING:
+    from axoplan.inputs.options import RunOptions
+
 __all__ = ["calibrate"]
+
+OptionalRunsArg = Annotated[list[Path] | None, typer.Argument(
+    help=RunsArg.__metadata__[0].help + " Not with --trace.", show_default=False)]
 
 
 def _holdout_by(text: str) -> Literal["plan", "model"]:
@@ -30,8 +39,10 @@ def _holdout_by(text: str) -> Literal["plan", "model"]:
     raise AxoplanError(f"--holdout-by {text!r}: give 'plan' or 'model'")
 
 
+@shared_options()
 def calibrate(
-    runs: RunsArg,
+    runs: OptionalRunsArg = None,
+    *,
     machine: Annotated[str, typer.Option("--machine", help="Machine to calibrate (name or YAML); every run must "
                                          "have been recorded on it.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="Calibrated machine YAML to write.",
@@ -53,6 +64,13 @@ def calibrate(
     even_if_worse: Annotated[bool, typer.Option(
         "--even-if-worse", help="Write --output even when the calibrated machine is worse than the original on "
                                 "the held-out plans (refused by default; its header then says so).")] = False,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Fit the op classes' constants to a torch.profiler trace (.json or .json.gz) of one "
+                        "GPU's training step instead of runs; give the step as to explain (--model, --framework, "
+                        "--global-batch: its sequences, one --micro-batch, --recompute on|off).",
+        show_default=False)] = None,
+    run_options: RunOptions,
+    model_flags: ModelFlags,
 ) -> None:
     """Fit a machine's efficiencies and latencies to measured runs; write a calibrated YAML.
 
@@ -65,7 +83,20 @@ def calibrate(
     unless --even-if-worse. A file holding runs of several machines is fitted on the runs of
     --machine; the others are skipped with a note. The YAML keeps the original's comments,
     marks the fitted lines and records the fit in a header.
+
+    With --trace: each op class's constant (a memory-bound class's share of HBM bandwidth, the
+    attention curve, gemm.max_efficiency; host.op_us where the device waited) fitted so the op
+    ledger's seconds per class match the trace's, each near its sourced prior
+    (docs/validate.md, "Calibrating from a trace").
     """
+    if trace is not None:
+        if runs:
+            from axoplan.errors import AxoplanError
+
+            raise AxoplanError("give measured runs or --trace FILE, not both")
+        _calibrate_trace(trace, machine, output, force, prior, run_options, model_flags)
+        return
+    _no_step_flags(runs, model_flags)
     import sys
     import time
     from datetime import UTC, datetime
@@ -82,7 +113,7 @@ def calibrate(
         raise AxoplanError(f"-o {output} must end in .yaml or .yml")
     check_writable(output, force)
     mach = load_machine(machine)
-    measured, skipped = runs_of_machine(load_runs(runs), mach, machine)
+    measured, skipped = runs_of_machine(load_runs(runs or []), mach, machine)
     if skipped:
         typer.echo(skipped_note(skipped, mach), err=True)
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
@@ -101,14 +132,55 @@ def calibrate(
     source = _yaml_path(machine)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     shipped = source.resolve().parent == machines_dir().resolve()
-    header = calibration_header(result, [str(p) for p in runs], f"machines/{source.name}" if shipped else str(source),
-                                when)
+    header = calibration_header(result, [str(p) for p in runs or []],
+                                f"machines/{source.name}" if shipped else str(source), when)
     values = {f.path: f.after for f in result.fitted}
     text = machine_yaml(source.read_text(), result.calibrated, values, header, f"calibrated {when[:10]}")
     write_text_atomic(output, text, force=force)
     if load_machine(output) != result.calibrated:
         raise AxoplanError(f"{output} does not read back as the calibrated machine; please report this")
     typer.echo(format_calibration(result))
+    typer.echo(f"\nwrote {output}; use it with --machine {output}")
+
+
+def _no_step_flags(runs: list[Path] | None, model_flags: ModelFlags) -> None:
+    """Refuse a call with neither runs nor --trace, and a model given without --trace (it describes a trace)."""
+    from axoplan.errors import AxoplanError
+
+    if not runs:
+        raise AxoplanError("give measured runs (a .jsonl or .csv file), or --trace FILE with the traced step's "
+                           "--model")
+    if model_flags.name is not None or any(v is not None for v in model_flags.custom.values()):
+        raise AxoplanError("--model and the custom model flags describe a traced step: give them with --trace; "
+                           "measured runs name their own models")
+
+
+def _calibrate_trace(trace: Path, machine: str, output: Path, force: bool, prior: bool, run_options: RunOptions,
+                     model_flags: ModelFlags) -> None:
+    """`calibrate --trace`: fit the op classes to the trace; write the calibrated YAML (axoplan.validate.trace_fit)."""
+    from datetime import UTC, datetime
+
+    from axoplan.errors import AxoplanError
+    from axoplan.fileio import check_writable, write_text_atomic
+    from axoplan.inputs.machine import load_machine, machines_dir
+    from axoplan.records.trace import read_trace
+    from axoplan.validate.trace_fit import TracedStep, fit_trace, format_trace_fit, trace_header, trace_machine_yaml
+
+    if output.suffix not in {".yaml", ".yml"}:
+        raise AxoplanError(f"-o {output} must end in .yaml or .yml")
+    check_writable(output, force)
+    step = TracedStep.of(model_flags.load(), run_options)
+    mach = load_machine(machine)
+    fit = fit_trace(read_trace(trace), step, mach, prior=prior)
+    source = _yaml_path(machine)
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    shipped = source.resolve().parent == machines_dir().resolve()
+    header = trace_header(fit, str(trace), f"machines/{source.name}" if shipped else str(source), when)
+    text = trace_machine_yaml(fit, source.read_text(), header, f"calibrated {when[:10]} from a trace")
+    write_text_atomic(output, text, force=force)
+    if load_machine(output) != fit.calibrated:
+        raise AxoplanError(f"{output} does not read back as the calibrated machine; please report this")
+    typer.echo(format_trace_fit(fit))
     typer.echo(f"\nwrote {output}; use it with --machine {output}")
 
 

@@ -8,6 +8,7 @@ command runs, so `axoplan --help` stays fast.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -31,6 +32,9 @@ def explain(
     tokens: TokensOpt = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column (group strides, hidden seconds), lines "
                                        "unwrapped: wider than 120 characters.")] = False,
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="A torch.profiler trace (.json or .json.gz) of one GPU's step of this layout: the op "
+                        "ledger's seconds per class beside the trace's.", show_default=False)] = None,
     run_options: RunOptions,
     model_flags: ModelFlags,
     fit_policy: FitPolicy,
@@ -40,6 +44,8 @@ def explain(
 
     Give --layout (the best micro-batch and options for it are chosen unless fixed) or
     --rank N (default 1, the best layout; ranked as `axoplan rank` ranks, --fit-margin and --fit-risk included).
+    With --trace, the op ledger's split by class beside a profiled step's (fix --micro-batch and --recompute
+    to the traced step's).
     """
     from axoplan import report
     from axoplan.errors import AxoplanError
@@ -67,3 +73,8 @@ def explain(
         from axoplan.cost.budget import cost_line, parse_tokens
 
         typer.echo("\n" + cost_line(result, index, parse_tokens(tokens)))
+    if trace is not None:
+        from axoplan.records.trace import read_trace
+        from axoplan.validate.trace_fit import explain_trace
+
+        typer.echo("\n" + explain_trace(read_trace(trace), result, index))
