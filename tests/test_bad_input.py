@@ -30,6 +30,8 @@ EXPORT = ("export", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
 PLOT_B = ("plot", "breakdown", "--model", "5B", "--gpus", "8", "--machine", "dgx-h100")
 PLOT_S = ("plot", "scaling", "--machine", "dgx-h100", "--models", "5B", "--gpus", "8")
 CAL = ("calibrate", VTRAIN, "--machine", "dgx-a100")
+TRACED = ("--layers", "24", "--hidden", "2048", "--heads", "16", "--ffn-hidden", "8192", "--vocab", "50257",
+          "--framework", "hf-transformers", "--global-batch", "4", "--micro-batch", "4", "--recompute", "off")
 TINY_EXPORT = ("export", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128", "--seq-len", "16",
                "--gpus", "2", "--machine", "local-cpu", "--global-batch", "8", "--top", "1", "--allow-partial-nodes")
 
@@ -191,6 +193,24 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("calibrate-holdout-range", (*CAL, "-o", "fit.yaml", "--holdout", "1.5"), "--holdout 1.5"),
     ("calibrate-cpu-vs-gpu", ("calibrate", "cpu-as-frontier.jsonl", "--machine", "frontier", "-o", "fit.yaml"),
      "ran on CPU ranks"),
+    # --- calibrate --trace, explain --trace (issue 31) ---
+    ("calibrate-neither", ("calibrate", "--machine", "dgx-h100", "-o", "fit.yaml"), "give measured runs"),
+    ("calibrate-runs-and-trace", (*CAL, "-o", "fit.yaml", "--trace", GPT2_TRACE), "not both"),
+    ("calibrate-model-without-trace", (*CAL, "-o", "fit.yaml", "--model", "5B"), "give them with --trace"),
+    ("calibrate-trace-text", ("calibrate", "--trace", "existing.txt", "--machine", "dgx-h100", "-o", "fit.yaml",
+                              *TRACED), "is not a chrome trace"),
+    ("calibrate-trace-missing", ("calibrate", "--trace", "nothere.json.gz", "--machine", "dgx-h100", "-o",
+                                 "fit.yaml", *TRACED), "does not exist"),
+    ("calibrate-trace-out-exists", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "-o",
+                                    "existing.yaml", *TRACED), "already exists"),
+    ("calibrate-trace-micro-batches", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "-o", "fit.yaml",
+                                       *TRACED[:-4], "--micro-batch", "2,4", "--recompute", "off"),
+     "one micro-batch size"),
+    ("calibrate-trace-hidden", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "-o", "fit.yaml",
+                                *TRACED, "--hidden", "4096"), "hidden size: the trace's embedding is 2048 wide"),
+    ("explain-trace-no-ledger", ("explain", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "--gpus", "1",
+                                 *TRACED[:10], "--global-batch", "4", "--micro-batch", "4", "--recompute", "off"),
+     "prices no op ledger"),
     # --- plot ---
     ("plot-breakdown-suffix", (*PLOT_B, "-o", "fig.txt"), "a figure must end in"),
     ("plot-breakdown-exists", (*PLOT_B, "-o", "existing.png"), "already exists"),
