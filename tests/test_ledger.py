@@ -290,3 +290,27 @@ def test_a_mixture_the_ledger_was_not_traced_for_is_refused() -> None:
     options = RunOptions(global_batch=8, seq_len=2048, micro_batches=(8,), framework="hf-transformers")
     with pytest.raises(AxoplanError, match="traced for 8 experts, top-2, not 64 experts, top-8"):
         predict(olmoe_like, load_machine("dgx-h100"), options, Candidates.single(Layout(1, 1, 1, 1), 8, False, False))
+
+
+def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_traced(tmp_path: Path) -> None:
+    """A GPT-2 config.json is ranked as transformers trains it (hf-transformers); a preset, and a mixture no ledger
+    was traced for, as Megatron-AxoNN (axonn)."""
+    from axoplan.commands.options import ModelFlags, _default_framework
+
+    gpt2 = tmp_path / "config.json"
+    gpt2.write_text(json.dumps({"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4, "n_positions": 2048,
+                                "vocab_size": 1000}))
+    olmoe = tmp_path / "olmoe" / "config.json"
+    olmoe.parent.mkdir()
+    olmoe.write_text(json.dumps({"model_type": "olmoe", "hidden_size": 256, "num_hidden_layers": 2,
+                                 "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
+                                 "vocab_size": 1000, "num_experts": 64, "num_experts_per_tok": 8,
+                                 "max_position_embeddings": 512}))
+    assert _default_framework(ModelFlags(str(gpt2), {})) == "hf-transformers"
+    assert _default_framework(ModelFlags(str(olmoe), {})) == "axonn"
+    assert _default_framework(ModelFlags("20B", {})) == "axonn"
+    done = subprocess.run([sys.executable, "-m", "axoplan", "explain", "--model", str(gpt2), "--gpus", "1",
+                           "--machine", "dgx-h100", "--global-batch", "4", "--layout", "1x1x1x1"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Op ledger by class" in done.stdout

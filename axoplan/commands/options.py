@@ -120,8 +120,10 @@ RUN_FLAGS: tuple[Flag, ...] = (
          "reduces in it (FSDP's reduce_dtype)."),
     Flag("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, False,
          "AxoNN's GEMM tuner: forward and dX GEMMs in their fastest operand layout."),
-    Flag("framework", ("--framework",), str, "axonn",
+    Flag("framework", ("--framework",), str | None, None,
+         "[default: axonn; hf-transformers for a Hugging Face config.json whose family has a traced op ledger] "
          "Training code whose host work, memory and collectives are modelled (frameworks/<name>.yaml): axonn, "
+         "hf-transformers (Trainer(bf16=True): fp32 weights, bf16 autocast), hf-transformers-bf16, "
          "pytorch-fsdp, megatron-lm, megatron-deepspeed or axoplan-executor."),
     Flag("axonn_path", ("--axonn-path",), AxonnPath, AxonnPath.megatron,
          "How AxoNN is run: megatron (Megatron-AxoNN's expert-mode linears) or hf (Hugging Face / Lightning: "
@@ -226,6 +228,17 @@ def _run_options(values: dict[str, Any]) -> Any:
         raise AxoplanError(describe_validation_error(err, "run options", RunOptions)) from None
 
 
+def _default_framework(model_flags: ModelFlags | None) -> str:
+    """What a user who names no --framework trains with: a Hugging Face config.json is trained by transformers'
+    own code (``hf-transformers``) where its family has a traced op ledger; anything else by Megatron-AxoNN."""
+    name = model_flags.name if model_flags is not None else None
+    if not (name and name.endswith(".json")):
+        return "axonn"
+    from axoplan.cost.ledger import traced_for
+
+    return "hf-transformers" if traced_for("hf-autocast", model_flags.load()) else "axonn"  # type: ignore[union-attr]
+
+
 def _evaluated(annotation: Any, fn: Callable[..., Any]) -> Any:
     """A postponed (string) annotation evaluated in the command's module."""
     return eval(annotation, fn.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307
@@ -271,10 +284,12 @@ def shared_options(*, model: bool = True, fit: bool = False) -> Callable[[F], F]
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
             shared = {name: kwargs.pop(name) for name in names}
-            kwargs["run_options"] = _run_options({f.name: shared[f.name] for f in RUN_FLAGS})
             if model:
                 custom = {f.name: shared[f.name] for f in MODEL_FLAGS if f.name != "model"}
                 kwargs["model_flags"] = ModelFlags(shared["model"], custom)
+            if shared["framework"] is None:
+                shared["framework"] = _default_framework(kwargs.get("model_flags"))
+            kwargs["run_options"] = _run_options({f.name: shared[f.name] for f in RUN_FLAGS})
             if fit:
                 kwargs["fit_policy"] = _fit_policy({f.name: shared[f.name] for f in FIT_FLAGS})
             return fn(**kwargs)

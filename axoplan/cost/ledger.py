@@ -46,7 +46,8 @@ from axoplan.inputs.schema import shipped_folder
 from axoplan.space.candidates import Candidates
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
-           "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family", "per_step_s"]
+           "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family", "per_step_s",
+           "traced_for"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -115,6 +116,15 @@ def _terms(raw: list[list[Any]], axis: str | None = None) -> tuple[Term, ...]:
     """``[coef, {symbol: exponent}]`` or ``[coef, {...}, axis]`` entries as terms (`axis`: the op's, by default)."""
     return tuple(Term(float(t[0]), tuple(sorted((str(s), int(e)) for s, e in dict(t[1]).items())),
                       str(t[2]) if len(t) > 2 else axis) for t in raw)
+
+
+def traced_for(name: str, model: ModelSpec) -> bool:
+    """Whether ledger `name` was traced for `model`'s own family (and, for a mixture, its experts and top-k)."""
+    family = ledger_family(model)
+    if shipped_family(name, family) != family:
+        return False
+    traced = load_ledger(name, family).moe
+    return model.moe is None or traced == (model.moe.num_experts, model.moe.top_k)
 
 
 def shipped_family(name: str, family: str) -> str:
