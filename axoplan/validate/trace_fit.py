@@ -331,7 +331,8 @@ def fit_trace(summary: TraceSummary, step: TracedStep, machine: Machine, prior: 
     before = ledger_classes(step, base)
     _check_scale(measured, before, step)
     fitted_classes, not_fitted = _fittable(measured, before)
-    knobs = _knobs(base, step, fitted_classes)
+    knobs, deaf = _sensitive(_knobs(base, step, fitted_classes), base, step, before)
+    not_fitted += deaf
     seq = step.options.seq_len
     z0 = np.log([k.value for k in knobs])
     low = np.full(len(knobs), math.log(_LOW))
@@ -362,6 +363,21 @@ def fit_trace(summary: TraceSummary, step: TracedStep, machine: Machine, prior: 
     att = next((f.after / f.before for f in fitted if f.path.startswith("kernels.attention.")), 1.0)
     return TraceFit(machine, fitted_machine, step, measured, fitted, tuple(not_fitted), before,
                     ledger_classes(step, fitted_machine), att, _backend(base), host, prior)
+
+
+def _sensitive(knobs: list[_Knob], machine: Machine, step: TracedStep,
+               before: LedgerStep) -> tuple[list[_Knob], list[tuple[str, str]]]:
+    """The knobs whose class's seconds move when they do (a GEMM table measured by `axoplan probe` prices the
+    GEMMs without gemm.max_efficiency, for one), and why each other one is left."""
+    kept: list[_Knob] = []
+    left: list[tuple[str, str]] = []
+    for k in knobs:
+        moved = ledger_classes(step, _apply(machine, {k.path: k.value * 0.95}, step.options.seq_len))
+        if abs(moved.classes[k.op_class] / before.classes[k.op_class] - 1) > 1e-3:
+            kept.append(k)
+        else:
+            left.append((k.op_class, f"its seconds do not move with {k.path} on {machine.name}"))
+    return kept, left
 
 
 def _check_scale(measured: TraceClasses, before: LedgerStep, step: TracedStep) -> None:
