@@ -336,7 +336,7 @@ def trace_executor_step(family: str, dims: dict[str, int], precision: str) -> tu
     import torch.distributed as dist
 
     from axoplan.executor import train
-    from axoplan.executor.model import GPT4D
+    from axoplan.executor.layers import megatron_model
     from axoplan.executor.spec import ExecSettings
     from axoplan.executor.timing import PhaseTimer
     from axoplan.inputs.model import ModelSpec
@@ -362,7 +362,7 @@ def trace_executor_step(family: str, dims: dict[str, int], precision: str) -> tu
     vocab = train.plan_vocab(plan)
     torch.manual_seed(0)
     params = {k: v.to(device, dtype) for k, v in train._initial_params(plan, settings, groups, vocab).items()}
-    model = GPT4D(plan.model, vocab, params, rt, plan.recompute)
+    model = megatron_model(plan.model, vocab, params, rt, plan.recompute)
     batches = train.local_batches(plan, train.synthetic_tokens(plan, 0), groups.coords, device, groups.rank)
     optimizer = train._optimizer(model, settings)
     train._step(model, rt, batches, optimizer, 1.0, False)

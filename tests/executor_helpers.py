@@ -44,11 +44,11 @@ def reference_run(plan: LaunchConfig, settings: ExecSettings) -> tuple[list[floa
     import torch
 
     from axoplan.executor.optim import Optimizer
-    from axoplan.executor.reference import ReferenceGPT, full_state
+    from axoplan.executor.reference import full_state, reference_model
     from axoplan.executor.train import plan_vocab, synthetic_tokens
 
     vocab = plan_vocab(plan)
-    model = ReferenceGPT(plan.model, vocab)
+    model = reference_model(plan.model, vocab)
     model.load_state_dict(full_state(plan.model, vocab, settings.seed))
     opt = Optimizer(model.parameters(), settings.optimizer, settings.lr)
     tokens = synthetic_tokens(plan, settings.seed)

@@ -10,14 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from axoplan.executor.model import activation, attention_core
 from axoplan.executor.optim import Optimizer
 from axoplan.executor.reference import (
-    ReferenceGPT,
-    activation,
-    attention_core,
     full_state,
     local_state,
     param_shapes,
+    reference_model,
     to_local,
     weight_kind,
 )
@@ -87,7 +86,7 @@ def test_weight_kinds() -> None:
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_parameter_shapes_match_the_reference_model(spec: ModelSpec) -> None:
-    model = ReferenceGPT(spec, 64)
+    model = reference_model(spec, 64)
     assert {n: tuple(p.shape) for n, p in model.named_parameters()} == param_shapes(spec, 64)
     model.load_state_dict(full_state(spec, 64, seed=1))  # strict: every name and shape
 
@@ -119,7 +118,7 @@ def test_a_whole_parameter_is_drawn_whole_and_alike_on_every_rank() -> None:
 def test_zero_head_gives_uniform_loss() -> None:
     """All-zero LM head: every logit is 0, so the loss is log(vocabulary) exactly."""
     spec = SPECS[0]
-    model = ReferenceGPT(spec, 64)
+    model = reference_model(spec, 64)
     with torch.no_grad():
         model.lm_head.weight.zero_()
     ids = torch.randint(0, 64, (2, 8))

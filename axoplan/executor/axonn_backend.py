@@ -91,8 +91,6 @@ def axonn_linear_class() -> type:
     linear = _axonn().intra_layer.Linear
 
     class AxonnLinear4D(linear):  # type: ignore[misc, valid-type]
-        sharded_4d = True
-
         def __init__(self, name: str, k_in: int, n_out: int, transposed: bool, rt: Any, shard: torch.Tensor,
                      cache: bool = False) -> None:
             super().__init__(k_in, n_out, transpose=transposed, bias=False, expert_mode=True,

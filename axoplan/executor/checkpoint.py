@@ -3,7 +3,8 @@
     <plan folder>/checkpoint/rank-00000.pt ... rank-NNNNN.pt   each rank's shards and optimizer state
     <plan folder>/checkpoint/checkpoint.json                    plan id, world size, steps, last loss
 
-Every rank saves its own parameters (its 4D shards and whole copies) and its optimizer
+Every rank saves its own parameters (its 4D shards and whole copies, each by the reference name its tag
+carries: ``tags``) and its optimizer
 state (step count, float32 masters, Adam moments) with ``torch.save``, each file written
 to a temporary name and renamed. The manifest ``checkpoint.json`` is removed before the
 ranks write and written by rank 0 only after a barrier, when every rank file is complete;
@@ -86,12 +87,14 @@ def save(folder: Path, rank: int, plan_id: str, world_size: int, model: Any, opt
     import torch
     import torch.distributed as dist
 
+    from axoplan.executor.tags import tagged
+
     folder.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         (folder / MANIFEST).unlink(missing_ok=True)
     dist.barrier()
     state = {"plan_id": plan_id, "rank": rank, "steps": optimizer.steps,
-             "params": {n: p.detach().cpu() for n, p in model.named_parameters()},
+             "params": {r.name: p.detach().cpu() for r, p in tagged(model)},
              "optimizer": optimizer.state()}
     target = rank_file(folder, rank)
     tmp = target.with_suffix(".pt.tmp")
@@ -109,14 +112,22 @@ def load(folder: Path, rank: int, plan_id: str, model: Any, optimizer: Any) -> i
     """Load this rank's state into `model` and `optimizer`; returns the step count it resumes from."""
     import torch
 
+    from axoplan.executor.tags import tagged
+
     manifest = json.loads((folder / MANIFEST).read_text())
     state = torch.load(rank_file(folder, rank), map_location="cpu", weights_only=True)
     if state["plan_id"] != plan_id or state["steps"] != manifest["steps"]:
         raise RuntimeError(f"checkpoint file {rank_file(folder, rank)} is of plan {state['plan_id']} at step "
                            f"{state['steps']}, the manifest says plan {manifest['plan_id']} at step "
                            f"{manifest['steps']}: a torn checkpoint")
+    params = list(tagged(model))
+    missing = [r.name for r, _ in params if r.name not in state["params"]]
+    if missing:
+        raise RuntimeError(f"checkpoint file {rank_file(folder, rank)} has no parameter {missing[0]} (written by "
+                           f"an axoplan before 2026-11-26, which named parameters by module); unset AXOPLAN_RESUME "
+                           f"and start afresh")
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(state["params"][name])
+        for r, p in params:
+            p.copy_(state["params"][r.name])
     optimizer.load_state(state["optimizer"])
     return int(state["steps"])

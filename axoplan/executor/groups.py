@@ -13,6 +13,11 @@ peer that never arrives blocks the X group for as long as the peer lives). Torch
 2.9 has no ``backend_override``; there the groups are made here, with the timeout, and
 wrapped with ``DeviceMesh.from_group`` (torch >= 2.4), so every supported torch gets the
 same groups, names and timeouts.
+
+A mixture-of-experts model's native module (``moe.NativeMoE``) splits Z in two: ``z_tp``, ``expert_tp``
+consecutive Z members (its tensor-parallel group), and ``z_fsdp``, the members at the same place in each of
+those (its FSDP group, ``Gz/expert_tp`` of them). They are made here with the others, keyed by the dimension
+they span, with the same timeout.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from axoplan.inputs.axes import AXES, mesh_dims
 from axoplan.space.layout import Layout
 
-__all__ = ["Groups", "build_groups", "has_backend_override"]
+__all__ = ["Groups", "build_groups", "has_backend_override", "Z_SPLIT"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +44,17 @@ class Groups:
     layout: Layout
     rank: int
     coords: dict[str, int]
-    group: dict[str, dist.ProcessGroup]  # "x", "y", "z", "data", "world"
+    group: dict[str, dist.ProcessGroup]  # "x", "y", "z", "data", "world"; "z_scatter", "z_tp", "z_fsdp" if made
     mesh: DeviceMesh
+    expert_tp: int = 1  # the size of "z_tp" (when made)
 
     def size(self, axis: str) -> int:
-        return self.layout.world_size if axis == "world" else self.layout.size(axis)
+        if axis == "world":
+            return self.layout.world_size
+        if axis in Z_SPLIT:
+            tp = self.expert_tp
+            return tp if axis == "z_tp" else self.layout.gz // tp
+        return self.layout.size(axis)
 
     def scatter_group(self, axis: str) -> dist.ProcessGroup:
         """The group reduce-scatters over `axis` use: a second communicator of the same members
@@ -55,17 +66,21 @@ class Groups:
         return all(self.coords[a] == 0 for a in redundant_axes)
 
 
+Z_SPLIT = ("z_tp", "z_fsdp")
+"""Z split for the native MoE module: its tensor-parallel and FSDP groups (module docstring)."""
+
 MESH_DIMS = mesh_dims()
 """Mesh dimension names of the default rank order (a layout's own are ``Layout.mesh_dims``)."""
 
 
 def build_groups(layout: Layout, device_type: str, timeout_s: float, native: bool | None = None,
-                 second_z: bool = False) -> Groups:
+                 second_z: bool = False, expert_tp: int | None = None) -> Groups:
     """Create the mesh for `layout` over the default process group and check its rank order.
 
     `native`: DeviceMesh makes the groups (needs ``backend_override``, torch >= 2.9), or
     they are made here and wrapped; None picks the first where torch has it. `second_z`: one
-    more communicator over each Z group (``z_scatter``) for the reduce-scatters.
+    more communicator over each Z group (``z_scatter``) for the reduce-scatters. `expert_tp`: Z's split for
+    the native MoE module (``z_tp``, ``z_fsdp``).
     """
     world = dist.get_world_size()
     if world != layout.world_size:
@@ -84,7 +99,29 @@ def build_groups(layout: Layout, device_type: str, timeout_s: float, native: boo
     if second_z:
         rows = [[int(r) for r in row] for row in layout.groups("z")]
         groups["z_scatter"], _ = dist.new_subgroups_by_enumeration(rows, timeout=timedelta(seconds=timeout_s))
-    return Groups(layout, rank, coords, groups, mesh)
+    if expert_tp is not None:
+        groups.update(_z_split(layout, rank, expert_tp, timeout_s))
+    return Groups(layout, rank, coords, groups, mesh, expert_tp or 1)
+
+
+def _z_split(layout: Layout, rank: int, tp: int, timeout_s: float) -> dict[str, dist.ProcessGroup]:
+    """This rank's ``z_tp`` and ``z_fsdp`` groups. Every rank creates every group (as ``new_group`` requires):
+    for each Z group (members by z), its consecutive chunks of `tp` and the strided sets across them."""
+    timeout = timedelta(seconds=timeout_s)
+    mine: dict[str, dist.ProcessGroup] = {}
+    for row in layout.groups("z"):
+        members = [int(r) for r in row]
+        for f in range(layout.gz // tp):
+            chunk = members[f * tp:(f + 1) * tp]
+            group = dist.new_group(chunk, timeout=timeout)
+            if rank in chunk:
+                mine["z_tp"] = group
+        for j in range(tp):
+            strided = members[j::tp]
+            group = dist.new_group(strided, timeout=timeout)
+            if rank in strided:
+                mine["z_fsdp"] = group
+    return mine
 
 
 def has_backend_override() -> bool:

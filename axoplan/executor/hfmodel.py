@@ -1,4 +1,5 @@
-"""The model as AxoNN's Hugging Face / Lightning path runs it (``docs/algorithm.md`` §4b; issue 24).
+"""The model as AxoNN's Hugging Face / Lightning path runs it (``docs/algorithm.md`` §4b; issue 24): ``model.GPT``
+with ``HFPath`` injected.
 
 Every rank holds its own sequences at full width (Lightning's ``AxonnStrategy`` samples over the whole
 world). Each linear is AxoNN's default ("non-expert") ``Linear``: the 4D linear of
@@ -12,27 +13,29 @@ world). Each linear is AxoNN's default ("non-expert") ``Linear``: the 4D linear 
 (the backward runs the reverses). Norms, attention (every head) and element-wise work run on the
 rank's own tokens, repeated nowhere; every parameter outside the 4D linears (norms, biases, the token
 table, positions) is whole on every rank and its gradient, a sum over the rank's own tokens, is
-all-reduced over the world (``sync_gradients``). With ``Gx·Gy = 1`` no transition moves anything.
+all-reduced over the world (``train.sync_gradients``). With ``Gx·Gy = 1`` no transition moves anything.
 
 The token table is kept whole on every rank (auto_parallelize's choice when ``Gx > 1``); the cost model
 prices AxoNN's sharded ``Embedding`` where ``Gx = 1``, which the executor does not run [simplification].
-The LM head is tied to nothing (models on this path are untied; a tied model is refused).
+The LM head is tied to nothing (models on this path are untied; a tied model is refused). Attention has no
+phase of its own here (its time stays outside the timed phases, as on this path since issue 24).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from axoplan.executor.linear4d import Linear4D, Runtime
-from axoplan.executor.reference import LN_EPS, activation, attention_core
-from axoplan.inputs.model import ModelSpec
+from axoplan.executor.linear4d import Linear, Linear4D, Runtime
+from axoplan.executor.model import GPT
+from axoplan.executor.reference import WholePath
+from axoplan.executor.tags import Reduction, tag
+from axoplan.inputs.model import LinearLayer, ModelSpec
 
-__all__ = ["GPTHF", "HFLinear"]
+__all__ = ["HFPath", "hf_model", "transitions"]
 
 
 def _all_to_all(rt: Runtime, t: torch.Tensor, axis: str) -> torch.Tensor:
@@ -125,106 +128,46 @@ class _Dropv(torch.autograd.Function):
         return _gather_rows(ctx.rt, grad, ctx.axis), None, None
 
 
-class HFLinear(nn.Module):
-    """AxoNN's non-expert ``Linear``: the 4D linear with its transitions, and its whole bias."""
-
-    def __init__(self, linear: Linear4D, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.linear = linear
-        self.bias = nn.Parameter(bias) if bias is not None else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lin, rt = self.linear, self.linear.rt
-        a, b = lin.in_axis, lin.out_axis
-        if rt.comm.size(a) * rt.comm.size(b) > 1:  # PR #102: no transitions for a one-GPU X·Y group
-            x = _Gatherv.apply(_GatherBatchScatterChannels.apply(x, rt, a), rt, b)
-            x = _Dropv.apply(_GatherChannelsScatterBatch.apply(lin(x), rt, b), rt, a)
-        else:
-            x = lin(x)
-        return x if self.bias is None else x + self.bias
+def transitions(x: torch.Tensor, core: Any) -> torch.Tensor:
+    """`core` (a 4D linear) on the rows of this rank's X·Y group, with AxoNN's non-expert transitions around
+    it (module docstring); none for a one-GPU X·Y group (AxoNN PR #102)."""
+    rt, a, b = core.rt, core.in_axis, core.out_axis
+    if rt.comm.size(a) * rt.comm.size(b) == 1:
+        return core(x)
+    x = _Gatherv.apply(_GatherBatchScatterChannels.apply(x, rt, a), rt, b)
+    return _Dropv.apply(_GatherChannelsScatterBatch.apply(core(x), rt, b), rt, a)
 
 
-class _Whole(nn.Module):
-    """A whole parameter (and bias) every rank holds: a norm, the token table, the positions."""
+class HFPath(WholePath):
+    """The hf path's injection into ``GPT``: the reference's whole parameters and data-parallel arithmetic,
+    except that every linear is a 4D one with the transitions around it (``Linear`` with `transitions`)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias) if bias is not None else None
+    def __init__(self, rt: Runtime, recompute: bool) -> None:
+        self.rt = rt
+        self.recompute = "checkpoint" if recompute else "off"
 
+    def linear(self, lay: LinearLayer, name: str, params: dict[str, torch.Tensor]) -> nn.Module:
+        bias = self.param(params, f"{name}.bias") if f"{name}.bias" in params else None
+        return self._linear(lay.name, lay.k_in, lay.n_out, lay.transposed, params, name, bias)
 
-class _BlockHF(nn.Module):
-    def __init__(self, spec: ModelSpec, prefix: str, params: dict[str, torch.Tensor], rt: Runtime) -> None:
-        super().__init__()
-        self.spec = spec
+    def head(self, lay: LinearLayer, params: dict[str, torch.Tensor]) -> nn.Module:
+        return self._linear(lay.name, lay.k_in, lay.n_out, False, params, "lm_head", None)
 
-        def norm(name: str) -> _Whole:
-            return _Whole(params[f"{prefix}.{name}.weight"], params.get(f"{prefix}.{name}.bias"))
+    def _linear(self, layer: str, k_in: int, n_out: int, transposed: bool, params: dict[str, torch.Tensor],
+                name: str, bias: nn.Parameter | None) -> Linear:
+        core = Linear4D(layer, k_in, n_out, transposed, self.rt, params[f"{name}.weight"])
+        tag(core.weight, Reduction(f"{name}.weight", ("z", "data")))
+        return Linear(core, bias, transitions)
 
-        def linear(name: str) -> HFLinear:
-            lay = {lin.name: lin for lin in spec.block_linears()}[name]
-            inner = Linear4D(name, lay.k_in, lay.n_out, lay.transposed, rt, params[f"{prefix}.{name}.weight"])
-            return HFLinear(inner, params.get(f"{prefix}.{name}.bias"))
+    def moe(self, spec: ModelSpec, prefix: str, params: dict[str, torch.Tensor]) -> nn.Module:
+        raise ValueError("the hf path's executor runs dense models")
 
-        self.ln1, self.ln2 = norm("ln1"), norm("ln2")
-        self.qkv, self.attn_out = linear("qkv"), linear("attn_out")
-        self.mlp_up, self.mlp_down = linear("mlp_up"), linear("mlp_down")
-
-    def forward(self, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
-        s = self.spec
-        qkv = self.qkv(_layer_norm(h, self.ln1))
-        h = h + self.attn_out(attention_core(qkv, batch, seq, s.kv_heads, s.num_heads // s.kv_heads, s.head_dim))
-        return h + self.mlp_down(activation(self.mlp_up(_layer_norm(h, self.ln2)), s.ffn_kind))
+    def recomputing(self) -> contextlib.AbstractContextManager[Any]:
+        return self.rt.recomputing()
 
 
-def _layer_norm(x: torch.Tensor, norm: _Whole) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, LN_EPS)
-
-
-class GPTHF(nn.Module):
-    """This rank's model on the hf path; ``forward`` returns the mean loss of its own tokens."""
-
-    def __init__(self, spec: ModelSpec, vocab: int, params: dict[str, torch.Tensor], rt: Runtime,
-                 recompute: bool) -> None:
-        super().__init__()
-        if spec.tied_embeddings:
-            raise ValueError("the hf path's executor runs untied models (the LM head is its own AxoNN linear)")
-        self.spec, self.rt, self.recompute = spec, rt, recompute
-        head = spec.head_linear(vocab)
-        self.lm_head = HFLinear(Linear4D(head.name, head.k_in, head.n_out, False, rt, params["lm_head.weight"]), None)
-        self.embed = _Whole(params["embed.weight"])
-        if spec.max_positions:
-            self.pos = _Whole(params["pos.weight"])
-        self.blocks = nn.ModuleList(_BlockHF(spec, f"blocks.{i}", params, rt) for i in range(spec.num_layers))
-        self.ln_f = _Whole(params["ln_f.weight"], params.get("ln_f.bias"))
-
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint
-
-        batch, seq = ids.shape
-        h = F.embedding(ids, self.embed.weight)
-        if self.spec.max_positions:
-            h = h + self.pos.weight[:seq]
-        h = h.reshape(batch * seq, -1)
-        for block in self.blocks:
-            h = (checkpoint(block, h, batch, seq, use_reentrant=False, context_fn=self._recompute_context)
-                 if self.recompute else block(h, batch, seq))
-        logits = self.lm_head(_layer_norm(h, self.ln_f))
-        return F.cross_entropy(logits.float(), targets.reshape(-1))
-
-    def _recompute_context(self) -> tuple[Any, Any]:
-        import contextlib
-
-        return contextlib.nullcontext(), self.rt.recomputing()
-
-    def sharded(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """The 4D-sharded weights (gradients reduced over data)."""
-        for name, p in self.named_parameters():
-            if name.endswith(".linear.weight"):
-                yield name.replace(".linear.", "."), p
-
-    def replicated(self) -> Iterator[tuple[str, nn.Parameter, tuple[str, ...]]]:
-        """Whole parameters; no copy is redundant (every rank's gradient is its own tokens'), so no axes."""
-        for name, p in self.named_parameters():
-            if not name.endswith(".linear.weight"):
-                yield name, p, ()
+def hf_model(spec: ModelSpec, vocab: int, params: dict[str, torch.Tensor], rt: Runtime, recompute: bool) -> GPT:
+    """This rank's model on the hf path (``HFPath``)."""
+    if spec.tied_embeddings:
+        raise ValueError("the hf path's executor runs untied models (the LM head is its own AxoNN linear)")
+    return GPT(spec, vocab, params, HFPath(rt, recompute))

@@ -13,22 +13,36 @@
 
 The statistics all-reduces are charged to ``stats_all_reduce_<axis>``; they are not in
 the cost model (a few numbers per token).
+
+``MegatronPath`` injects these, the 4D linears (``Linear`` around a ``Linear4D`` core, or AxoNN's) and the
+native MoE module into ``model.GPT``. Parameters that every rank holds whole (norms, biases, positions, the
+router) are used by several members on the same data: each is tagged with the axes along which its gradient
+is a repeated copy (a linear's bias: its layer's input axis, whose members all add it to the same output;
+the rest: Y, over which the residual stream repeats), so the world all-reduce counts each copy once.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from axoplan.executor.linear4d import Linear4D, Runtime
+from axoplan.executor.linear4d import Linear, Linear4D, Runtime
+from axoplan.executor.model import GPT, LN_EPS
+from axoplan.executor.moe import EXPERT_WEIGHTS, ExpertComm, NativeMoE
+from axoplan.executor.reference import weight_kind
+from axoplan.executor.tags import Reduction, tag
+from axoplan.inputs.model import LinearLayer, ModelSpec, layer_axes
 
-__all__ = ["layer_norm_x", "embedding_y", "cross_entropy_y"]
+__all__ = ["layer_norm_x", "embedding_y", "cross_entropy_y", "MegatronPath", "megatron_model"]
 
 
 def layer_norm_x(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hidden: int,
-                 rt: Runtime, eps: float = 1e-5) -> torch.Tensor:
+                 rt: Runtime, eps: float = LN_EPS) -> torch.Tensor:
     """LayerNorm of ``[m, H/Gx]`` rows whose other columns live on the X group."""
     b = bias if bias is not None else torch.zeros_like(weight)
     return _LayerNormX.apply(x, weight, b, hidden, rt, eps)
@@ -126,3 +140,85 @@ class _CrossEntropyY(torch.autograd.Function):
         rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows[inside], local[inside]] -= 1.0
         return (grad * dloss[:, None]).to(ctx.dtype), None, None
+
+
+class MegatronPath:
+    """The Megatron path's injection into ``GPT`` (AxoNN's expert mode; module docstring). `core` makes the
+    block linears' cores (``Linear4D``, or AxoNN's ``Linear`` through ``axonn_backend``); the embedding and LM
+    head are always ``Linear4D``. `reentrant`: recompute with the reentrant checkpoint (AxoNN's engine)."""
+
+    loss_redundant: tuple[str, ...] = ("x", "y")  # the X·Y members of a Z coordinate hold the same tokens
+
+    def __init__(self, rt: Runtime, recompute: bool, core: Callable[..., nn.Module] = Linear4D,
+                 reentrant: bool = False) -> None:
+        self.rt, self.core = rt, core
+        self.heads_split = rt.groups.size("y")
+        self.recompute = ("reentrant" if reentrant else "checkpoint") if recompute else "off"
+
+    def param(self, params: dict[str, torch.Tensor], name: str) -> nn.Parameter:
+        """A whole parameter: all-reduced over the world, each repeated copy once (module docstring)."""
+        return tag(nn.Parameter(params[name]), Reduction(name, ("world",), _repeated_along(name)))
+
+    def linear(self, lay: LinearLayer, name: str, params: dict[str, torch.Tensor]) -> nn.Module:
+        core: Any = self.core(lay.name, lay.k_in, lay.n_out, lay.transposed, self.rt, params[f"{name}.weight"])
+        tag(core.weight, Reduction(f"{name}.weight", ("z", "data")))
+        return Linear(core, self.param(params, f"{name}.bias") if f"{name}.bias" in params else None)
+
+    def head(self, lay: LinearLayer, params: dict[str, torch.Tensor]) -> nn.Module:
+        return self._sharded("lm_head", lay.k_in, lay.n_out, lay.transposed, params)
+
+    def table(self, spec: ModelSpec, vocab: int, params: dict[str, torch.Tensor]) -> nn.Module:
+        return self._sharded("embed", spec.hidden, vocab, False, params)
+
+    def _sharded(self, name: str, k_in: int, n_out: int, transposed: bool,
+                 params: dict[str, torch.Tensor]) -> Linear4D:
+        layer = Linear4D(name, k_in, n_out, transposed, self.rt, params[f"{name}.weight"])
+        tag(layer.weight, Reduction(f"{name}.weight", ("z", "data")))
+        return layer
+
+    def moe(self, spec: ModelSpec, prefix: str, params: dict[str, torch.Tensor]) -> nn.Module:
+        """AxoNN's native DroplessMoEMLP (``moe.NativeMoE``); Gx = Gy = 1."""
+        m = spec.moe
+        assert m is not None
+        router = self.param(params, f"{prefix}.router.weight")
+        fc, proj = (tag(nn.Parameter(params[f"{prefix}.{w}.weight"]),
+                        Reduction(f"{prefix}.{w}.weight", ("z_fsdp", "data"))) for w in EXPERT_WEIGHTS)
+        return NativeMoE(m.num_experts, spec.hidden, m.expert_ffn_hidden, m.top_k, router, fc, proj,
+                         ExpertComm(self.rt.groups, self.rt.timer))
+
+    def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """This rank normalises its X block of features with its block of the whole weight and bias."""
+        hidden = weight.numel()
+        part = self.rt.part("x", hidden)
+        local_bias = bias[part] if bias is not None else None
+        return layer_norm_x(x, weight[part], local_bias, hidden, self.rt)
+
+    def embed(self, ids: torch.Tensor, table: nn.Module) -> torch.Tensor:
+        return embedding_y(ids, table)  # type: ignore[arg-type]  # a Linear4D (table or tied head)
+
+    def x_part(self, n: int) -> slice:
+        return self.rt.part("x", n)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        return cross_entropy_y(logits, targets, head).mean()  # type: ignore[arg-type]  # the Linear4D head
+
+    def attention_span(self) -> contextlib.AbstractContextManager[Any]:
+        return self.rt.timer.span("attention")
+
+    def recomputing(self) -> contextlib.AbstractContextManager[Any]:
+        return self.rt.recomputing()
+
+
+def _repeated_along(name: str) -> tuple[str, ...]:
+    """The axes along which a whole parameter's gradient repeats on the Megatron path (module docstring)."""
+    if name.endswith(".bias"):
+        kind = weight_kind(name.removesuffix("bias") + "weight")
+        if kind in ("plain", "transposed"):
+            return (layer_axes(kind == "transposed")[0],)
+    return ("y",)
+
+
+def megatron_model(spec: ModelSpec, vocab: int, params: dict[str, torch.Tensor], rt: Runtime, recompute: bool,
+                   core: Callable[..., nn.Module] = Linear4D, reentrant: bool = False) -> GPT:
+    """This rank's model on the Megatron path (``MegatronPath``)."""
+    return GPT(spec, vocab, params, MegatronPath(rt, recompute, core, reentrant))

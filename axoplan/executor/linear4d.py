@@ -38,7 +38,7 @@ from axoplan.executor.timing import PhaseTimer
 from axoplan.executor.tuned_matmul import GemmTuner
 from axoplan.inputs.model import layer_axes
 
-__all__ = ["Runtime", "Linear4D", "block_slice", "shard_numel"]
+__all__ = ["Runtime", "Linear", "Linear4D", "block_slice", "shard_numel"]
 
 
 @dataclass
@@ -57,7 +57,6 @@ class Runtime:
     micro_batch_context: Callable[[], Any] = contextlib.nullcontext  # around a micro-batch (AxoNN engine)
     recompute_hook: Callable[[], Any] = contextlib.nullcontext  # around a recomputed block (AxoNN engine)
     tuner: GemmTuner | None = None  # RunOptions.tuned_gemm: forward and dX GEMMs by the tuner
-    moe_groups: Any = None  # the native MoE module's groups inside Z (axoplan.executor.moe), MoE models only
 
     @contextmanager
     def recomputing(self) -> Iterator[None]:
@@ -86,8 +85,6 @@ def block_slice(n: int, parts: int, index: int) -> slice:
 
 class Linear4D(nn.Module):
     """``y = x · Wᵀ`` with W sharded over X, Y and Z; no bias (the model adds it)."""
-
-    sharded_4d = True  # its weight is a Z-shard of an X/Y block (``GPT4D.sharded``)
 
     def __init__(self, name: str, k_in: int, n_out: int, transposed: bool, rt: Runtime,
                  shard: torch.Tensor) -> None:
@@ -122,6 +119,32 @@ class Linear4D(nn.Module):
     def extra_repr(self) -> str:
         kind = "transposed" if self.transposed else "plain"
         return f"{self.name}: {kind}, local block {self.n_loc}x{self.k_loc}"
+
+
+class Linear(nn.Module):
+    """One linear as AxoNN's ``Linear`` runs it: a core that holds the weight's Z-shard (``Linear4D``, or
+    AxoNN's own through ``axonn_backend``), a whole bias, and what the path wraps around the core.
+
+    `around` is None on the Megatron path (AxoNN's expert mode: the output is this rank's block of the output
+    features, and its slice of the bias is added), or the hf path's transitions (``hfmodel.transitions``:
+    the output is every feature of this rank's own tokens, and the whole bias is added).
+    """
+
+    def __init__(self, core: nn.Module, bias: nn.Parameter | None,
+                 around: Callable[[torch.Tensor, Any], torch.Tensor] | None = None) -> None:
+        super().__init__()
+        self.core: Any = core
+        self.bias = bias
+        self.around = around
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.around is not None:
+            y = self.around(x, self.core)
+            return y if self.bias is None else y + self.bias
+        y = self.core(x)
+        if self.bias is None:
+            return y
+        return y + self.bias[self.core.rt.part(self.core.out_axis, self.bias.numel())]
 
 
 def _gemm(rt: Runtime, a: torch.Tensor, b: torch.Tensor, phase: str) -> torch.Tensor:

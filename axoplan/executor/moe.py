@@ -7,30 +7,31 @@ them; ``proj``: ``[H, I]``); the output the probability-weighted sum of the chos
 
 Sharded (``axonn/intra_layer/moe/``; ``docs/algorithm.md`` §4c): inside Z (``Gx = Gy = 1``) the ``Gz`` ranks form
 ``Gz/tp`` tensor-parallel groups of ``tp = expert_tp`` consecutive Z coordinates and ``tp`` FSDP groups across
-them. Tensor-parallel member ``j`` holds rows ``j·2I/tp ...`` of every expert's ``fc`` (whole gate/up pairs) and
-columns ``j·I/tp ...`` of its ``proj``, flattened and split over its FSDP group. Per forward: the tokens, their
-chosen experts and weights all-gathered over the tp group (``TensorParallelGatherAndPermute``), the weights
-gathered over FSDP (``SimpleFSDPLinear``), each expert on its rows, the weighted partial outputs reduce-scattered
-over the tp group (``TensorParallelUnpermuteAndScatter``); backward the reverses, the weights' gradients
-reduce-scattered over FSDP. AxoNN's module leaves the probability weighting commented out (its router would get
-no gradient); the executor weights as Mixtral does, so that it equals the reference.
+them (``Groups``' ``z_tp`` and ``z_fsdp``). Tensor-parallel member ``j`` holds rows ``j·2I/tp ...`` of every
+expert's ``fc`` (whole gate/up pairs) and columns ``j·I/tp ...`` of its ``proj``, flattened and split over its
+FSDP group. Per forward: the tokens, their chosen experts and weights all-gathered over the tp group
+(``TensorParallelGatherAndPermute``), the weights gathered over FSDP (``SimpleFSDPLinear``), each expert on its
+rows, the weighted partial outputs reduce-scattered over the tp group (``TensorParallelUnpermuteAndScatter``);
+backward the reverses, the weights' gradients reduce-scattered over FSDP. AxoNN's module leaves the probability
+weighting commented out (its router would get no gradient); the executor weights as Mixtral does, so that it
+equals the reference.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from axoplan.executor.comm import ALL_GATHER, REDUCE_SCATTER
+from axoplan.executor.groups import Groups
+from axoplan.executor.model import Weight
 from axoplan.executor.timing import PhaseTimer
 from axoplan.space.layout import Layout
 
-__all__ = ["moe_mlp", "MoEGroups", "moe_groups", "NativeMoE", "expert_local", "expert_shard_numel", "EXPERT_WEIGHTS"]
+__all__ = ["moe_mlp", "ExpertComm", "NativeMoE", "WholeMoE", "expert_local", "expert_shard_numel", "EXPERT_WEIGHTS"]
 
 EXPERT_WEIGHTS = ("experts_fc", "experts_proj")
 
@@ -59,125 +60,107 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tens
     return (top / top.sum(-1, keepdim=True)).to(x.dtype), chosen
 
 
-class MoEGroups:
-    """This rank's tensor-parallel and FSDP groups inside Z, its index in each, and the timer their collectives
-    report to (as Z's: ``all_gather_z``, ``reduce_scatter_z``)."""
+class ExpertComm:
+    """The native MoE module's collectives over Z's two sub-groups (``Groups``: ``z_tp``, ``z_fsdp``), reported to
+    the timer as Z's (``all_gather_z``, ``reduce_scatter_z``)."""
 
-    def __init__(self, tp: Any, fsdp: Any, tp_size: int, fsdp_size: int, tp_index: int, fsdp_index: int,
-                 timer: PhaseTimer) -> None:
-        self.tp, self.fsdp = tp, fsdp
-        self.tp_size, self.fsdp_size, self.tp_index, self.fsdp_index = tp_size, fsdp_size, tp_index, fsdp_index
-        self.timer = timer
+    def __init__(self, groups: Groups, timer: PhaseTimer) -> None:
+        self.groups, self.timer = groups, timer
 
-    def _group(self, which: str) -> tuple[Any, int]:
-        return (self.tp, self.tp_size) if which == "tp" else (self.fsdp, self.fsdp_size)
+    def size(self, axis: str) -> int:
+        return self.groups.size(axis)
 
-    def gather(self, t: torch.Tensor, which: str) -> torch.Tensor:
-        """All-gather `t`'s rows over the `which` ("tp" or "fsdp") group, in member order."""
-        group, p = self._group(which)
+    def gather(self, t: torch.Tensor, axis: str) -> torch.Tensor:
+        """All-gather `t`'s rows over the `axis` (``z_tp`` or ``z_fsdp``) group, in member order."""
+        p = self.size(axis)
         if p == 1:
             return t
         out = torch.empty(p * t.numel(), dtype=t.dtype, device=t.device)
-        with self.timer.span("all_gather_z", ("moe_all_gather", which, t.numel())):
-            ALL_GATHER(out, t.detach().contiguous().reshape(-1), group=group)
+        with self.timer.span("all_gather_z", ("moe_all_gather", _which(axis), t.numel())):
+            ALL_GATHER(out, t.detach().contiguous().reshape(-1), group=self.groups.group[axis])
         return out.view(p * t.shape[0], *t.shape[1:])
 
-    def scatter(self, t: torch.Tensor, which: str) -> torch.Tensor:
-        """Reduce-scatter `t`'s rows over the `which` group: this member's block of the sum."""
-        group, p = self._group(which)
+    def scatter(self, t: torch.Tensor, axis: str) -> torch.Tensor:
+        """Reduce-scatter `t`'s rows over the `axis` group: this member's block of the sum."""
+        p = self.size(axis)
         if p == 1:
             return t
         out = torch.empty(t.numel() // p, dtype=t.dtype, device=t.device)
-        with self.timer.span("reduce_scatter_z", ("moe_reduce_scatter", which, t.numel())):
-            REDUCE_SCATTER(out, t.detach().contiguous().reshape(-1), group=group)
+        with self.timer.span("reduce_scatter_z", ("moe_reduce_scatter", _which(axis), t.numel())):
+            REDUCE_SCATTER(out, t.detach().contiguous().reshape(-1), group=self.groups.group[axis])
         return out.view(t.shape[0] // p, *t.shape[1:])
 
 
-def moe_groups(layout: Layout, rank: int, expert_tp: int, timeout_s: float, timer: PhaseTimer) -> MoEGroups:
-    """Every rank creates every group (as ``new_group`` requires), with the run's timeout: for each Z group
-    (members by z), its consecutive chunks of `expert_tp` and the strided FSDP sets across them."""
-    tp_size, fsdp_size = expert_tp, layout.gz // expert_tp
-    timeout = timedelta(seconds=timeout_s)
-    mine: dict[str, Any] = {}
-    for row in layout.groups("z"):
-        members = [int(r) for r in row]
-        for f in range(fsdp_size):
-            chunk = members[f * tp_size:(f + 1) * tp_size]
-            group = dist.new_group(chunk, timeout=timeout)
-            if rank in chunk:
-                mine["tp"] = group
-        for j in range(tp_size):
-            strided = members[j::tp_size]
-            group = dist.new_group(strided, timeout=timeout)
-            if rank in strided:
-                mine["fsdp"] = group
-    z = layout.coords(rank)["z"]
-    return MoEGroups(mine["tp"], mine["fsdp"], tp_size, fsdp_size, z % tp_size, z // tp_size, timer)
+def _which(axis: str) -> str:
+    """The trace's name of a Z sub-group: "tp" or "fsdp"."""
+    return axis.removeprefix("z_")
 
 
 class _GatherRows(torch.autograd.Function):
     """All-gather rows over a group; backward: reduce-scatter (each member's contributions to my rows)."""
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, groups: MoEGroups, which: str) -> torch.Tensor:
-        ctx.groups, ctx.which = groups, which
-        return groups.gather(t, which)
+    def forward(ctx: Any, t: torch.Tensor, comm: ExpertComm, axis: str) -> torch.Tensor:
+        ctx.comm, ctx.axis = comm, axis
+        return comm.gather(t, axis)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.groups.scatter(grad, ctx.which), None, None
+        return ctx.comm.scatter(grad, ctx.axis), None, None
 
 
 class _ScatterRows(torch.autograd.Function):
     """Reduce-scatter rows over a group; backward: all-gather."""
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, groups: MoEGroups, which: str) -> torch.Tensor:
-        ctx.groups, ctx.which = groups, which
-        return groups.scatter(t, which)
+    def forward(ctx: Any, t: torch.Tensor, comm: ExpertComm, axis: str) -> torch.Tensor:
+        ctx.comm, ctx.axis = comm, axis
+        return comm.scatter(t, axis)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.groups.gather(grad, ctx.which), None, None
+        return ctx.comm.gather(grad, ctx.axis), None, None
 
 
 def expert_shard_numel(numel: int, fsdp: int) -> int:
     return -(-numel // fsdp)
 
 
-class NativeMoE(nn.Module):
-    """This rank's part of an MoE MLP, sharded as ``DroplessMoEMLP`` (module docstring)."""
+class WholeMoE(nn.Module):
+    """A mixture-of-experts MLP with every weight whole (the reference)."""
 
-    def __init__(self, e: int, hidden: int, width: int, top_k: int, router: torch.Tensor, fc: torch.Tensor,
-                 proj: torch.Tensor, groups: MoEGroups) -> None:
+    def __init__(self, top_k: int, router: nn.Parameter, fc: nn.Parameter, proj: nn.Parameter) -> None:
         super().__init__()
-        self.top_k, self.g = top_k, groups
-        self.fc_shape = (e, 2 * width // groups.tp_size, hidden)
-        self.proj_shape = (e, hidden, width // groups.tp_size)
-        self.router = nn.Linear(hidden, e, bias=False)
-        self.router.weight = nn.Parameter(router)
-        self.experts_fc, self.experts_proj = _Shard(fc), _Shard(proj)
+        self.top_k = top_k
+        self.router, self.experts_fc, self.experts_proj = Weight(router), Weight(fc), Weight(proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.g
-        w, chosen = route(x, self.router.weight, self.top_k)
-        x_all = _GatherRows.apply(x, g, "tp")
-        w_all = _GatherRows.apply(w, g, "tp")
-        chosen_all = g.gather(chosen, "tp")
-        fc = _full(_GatherRows.apply(self.experts_fc.weight, g, "fsdp"), self.fc_shape)
-        proj = _full(_GatherRows.apply(self.experts_proj.weight, g, "fsdp"), self.proj_shape)
-        partial = moe_mlp(x_all, self.router.weight, fc, proj, self.top_k, w_all, chosen_all)
-        return _ScatterRows.apply(partial, g, "tp")
+        return moe_mlp(x, self.router.weight, self.experts_fc.weight, self.experts_proj.weight, self.top_k)
 
 
-class _Shard(nn.Module):
-    """A flat FSDP shard of the grouped expert weights (its gradient reduced over data like a 4D shard)."""
+class NativeMoE(nn.Module):
+    """This rank's part of an MoE MLP, sharded as ``DroplessMoEMLP`` (module docstring): the router whole, each
+    expert weight a flat FSDP shard of its tensor-parallel slice."""
 
-    sharded_4d = True
-
-    def __init__(self, shard: torch.Tensor) -> None:
+    def __init__(self, e: int, hidden: int, width: int, top_k: int, router: nn.Parameter, fc: nn.Parameter,
+                 proj: nn.Parameter, comm: ExpertComm) -> None:
         super().__init__()
-        self.weight = nn.Parameter(shard)
+        self.top_k, self.comm = top_k, comm
+        tp = comm.size("z_tp")
+        self.fc_shape = (e, 2 * width // tp, hidden)
+        self.proj_shape = (e, hidden, width // tp)
+        self.router, self.experts_fc, self.experts_proj = Weight(router), Weight(fc), Weight(proj)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.comm
+        w, chosen = route(x, self.router.weight, self.top_k)
+        x_all = _GatherRows.apply(x, c, "z_tp")
+        w_all = _GatherRows.apply(w, c, "z_tp")
+        chosen_all = c.gather(chosen, "z_tp")
+        fc = _full(_GatherRows.apply(self.experts_fc.weight, c, "z_fsdp"), self.fc_shape)
+        proj = _full(_GatherRows.apply(self.experts_proj.weight, c, "z_fsdp"), self.proj_shape)
+        partial = moe_mlp(x_all, self.router.weight, fc, proj, self.top_k, w_all, chosen_all)
+        return _ScatterRows.apply(partial, c, "z_tp")
 
 
 def _full(flat: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:

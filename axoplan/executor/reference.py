@@ -1,10 +1,7 @@
-"""The model in one process, its parameters, and how they are cut into 4D shards.
+"""The model in one process (``model.GPT`` with every parameter whole), its parameters, and how they are
+cut into 4D shards.
 
-The model is GPT-style (``ModelSpec``): token embedding (tied to the LM head unless
-``tied_embeddings`` is false), optional learned positions, ``num_layers`` pre-norm blocks
-(LayerNorm, causal attention, LayerNorm, MLP with GeLU or SwiGLU, residuals), a final
-LayerNorm and the LM head; loss = mean next-token cross-entropy. ``biases: false``
-drops the linear biases and the LayerNorm shifts (a LayerNorm, not an RMSNorm).
+``biases: false`` drops the linear biases and the LayerNorm shifts (a LayerNorm, not an RMSNorm).
 
 Two row orders make contiguous blocks over Y carry whole heads and whole gate/up pairs
 (as Megatron lays out its fused weights): the QKV rows are grouped per KV head as
@@ -19,20 +16,22 @@ executor initialises from it and the tests cut reference gradients with it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from axoplan.executor.moe import EXPERT_WEIGHTS, expert_local, expert_shard_numel, moe_mlp
-from axoplan.inputs.model import BLOCK_LAYERS, HEAD_LAYER, ModelSpec, layer_axes
+from axoplan.executor.model import GPT, LN_EPS, Weight
+from axoplan.executor.moe import EXPERT_WEIGHTS, WholeMoE, expert_local, expert_shard_numel
+from axoplan.executor.tags import Reduction, tag
+from axoplan.inputs.model import BLOCK_LAYERS, HEAD_LAYER, LinearLayer, ModelSpec, layer_axes
 from axoplan.space.layout import Layout
 
-__all__ = ["ReferenceGPT", "full_state", "local_state", "param_shapes", "to_local", "weight_kind", "attention_core",
-           "activation"]
-
-LN_EPS = 1e-5
+__all__ = ["WholePath", "WholeLinear", "reference_model", "full_state", "local_state", "param_shapes", "to_local",
+           "weight_kind"]
 
 
 def weight_kind(name: str) -> str:
@@ -54,97 +53,66 @@ def _row_col_axes(kind: str) -> tuple[str, str]:
     return out_axis, in_axis
 
 
-def attention_core(qkv: torch.Tensor, batch: int, seq: int, kv_heads: int, group: int, head_dim: int) -> torch.Tensor:
-    """Causal attention of ``[batch·seq, kv·(group+2)·d]`` grouped QKV -> ``[batch·seq, kv·group·d]``."""
-    t = qkv.view(batch, seq, kv_heads, group + 2, head_dim)
-    q = t[:, :, :, :group].reshape(batch, seq, kv_heads * group, head_dim).transpose(1, 2)
-    k = t[:, :, :, group].transpose(1, 2).repeat_interleave(group, dim=1)
-    v = t[:, :, :, group + 1].transpose(1, 2).repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return out.transpose(1, 2).reshape(batch * seq, kv_heads * group * head_dim)
+class WholeLinear(nn.Module):
+    """A whole weight ``[n, k]`` and bias (``nn.Linear``'s arithmetic: one ``F.linear``)."""
 
-
-def activation(u: torch.Tensor, kind: str) -> torch.Tensor:
-    """GeLU (erf), or SwiGLU over interleaved gate/up columns."""
-    if kind == "swiglu":
-        return F.silu(u[..., 0::2]) * u[..., 1::2]
-    return F.gelu(u)
-
-
-class _Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
         super().__init__()
-        h, bias = spec.hidden, spec.biases
-        lin = {lay.name: lay for lay in spec.block_linears()}
-        self.ln1 = nn.LayerNorm(h, eps=LN_EPS, bias=bias)
-        self.qkv = nn.Linear(lin["qkv"].k_in, lin["qkv"].n_out, bias=bias)
-        self.attn_out = nn.Linear(lin["attn_out"].k_in, lin["attn_out"].n_out, bias=bias)
-        self.ln2 = nn.LayerNorm(h, eps=LN_EPS, bias=bias)
-        if spec.moe is not None:
-            self.moe = _WholeMoE(spec)
-        else:
-            self.mlp_up = nn.Linear(lin["mlp_up"].k_in, lin["mlp_up"].n_out, bias=bias)
-            self.mlp_down = nn.Linear(lin["mlp_down"].k_in, lin["mlp_down"].n_out, bias=bias)
-        self.spec = spec
-
-    def forward(self, h: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
-        s = self.spec
-        qkv = self.qkv(self.ln1(h))
-        h = h + self.attn_out(attention_core(qkv, batch, seq, s.kv_heads, s.num_heads // s.kv_heads, s.head_dim))
-        if s.moe is not None:
-            return h + self.moe(self.ln2(h))
-        return h + self.mlp_down(activation(self.mlp_up(self.ln2(h)), s.ffn_kind))
-
-
-class _Weight(nn.Module):
-    """One whole weight, named ``<module>.weight`` as the sharded model names its shard."""
-
-    def __init__(self, *shape: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(*shape))
-
-
-class _WholeMoE(nn.Module):
-    """A mixture-of-experts MLP with every weight whole (``axoplan.executor.moe``)."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        moe = spec.moe
-        assert moe is not None
-        e, i, h = moe.num_experts, moe.expert_ffn_hidden, spec.hidden
-        self.top_k = moe.top_k
-        self.router = nn.Linear(h, e, bias=False)
-        self.experts_fc, self.experts_proj = _Weight(e, 2 * i, h), _Weight(e, h, i)
+        self.weight, self.bias = weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return moe_mlp(x, self.router.weight, self.experts_fc.weight, self.experts_proj.weight, self.top_k)
+        return F.linear(x, self.weight, self.bias)
 
 
-class ReferenceGPT(nn.Module):
-    """The whole model on one device; parameter names match the 4D model's."""
+class WholePath:
+    """The reference's injection into ``GPT``: every parameter whole, the model in one process."""
 
-    def __init__(self, spec: ModelSpec, vocab: int) -> None:
-        super().__init__()
-        self.spec, self.vocab = spec, vocab
-        self.lm_head = nn.Linear(spec.hidden, vocab, bias=False)
-        if not spec.tied_embeddings:
-            self.embed = nn.Embedding(vocab, spec.hidden)
-        if spec.max_positions:
-            self.pos = nn.Embedding(spec.max_positions, spec.hidden)
-        self.blocks = nn.ModuleList(_Block(spec) for _ in range(spec.num_layers))
-        self.ln_f = nn.LayerNorm(spec.hidden, eps=LN_EPS, bias=spec.biases)
+    heads_split = 1
+    loss_redundant: tuple[str, ...] = ()
+    recompute = "off"
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        batch, seq = ids.shape
-        table = self.lm_head.weight if self.spec.tied_embeddings else self.embed.weight
-        h = F.embedding(ids, table)
-        if self.spec.max_positions:
-            h = h + self.pos.weight[:seq]
-        h = h.reshape(batch * seq, -1)
-        for block in self.blocks:
-            h = block(h, batch, seq)
-        logits = self.lm_head(self.ln_f(h))
-        return F.cross_entropy(logits.float(), targets.reshape(-1))
+    def param(self, params: dict[str, torch.Tensor], name: str) -> nn.Parameter:
+        """A whole parameter: all-reduced over the world, repeated nowhere (its gradient is its own tokens')."""
+        return tag(nn.Parameter(params[name]), Reduction(name, ("world",)))
+
+    def linear(self, lay: LinearLayer, name: str, params: dict[str, torch.Tensor]) -> nn.Module:
+        bias = self.param(params, f"{name}.bias") if f"{name}.bias" in params else None
+        return WholeLinear(self.param(params, f"{name}.weight"), bias)
+
+    def head(self, lay: LinearLayer, params: dict[str, torch.Tensor]) -> nn.Module:
+        return WholeLinear(self.param(params, "lm_head.weight"), None)
+
+    def table(self, spec: ModelSpec, vocab: int, params: dict[str, torch.Tensor]) -> nn.Module:
+        return Weight(self.param(params, "embed.weight"))
+
+    def moe(self, spec: ModelSpec, prefix: str, params: dict[str, torch.Tensor]) -> nn.Module:
+        moe = spec.moe
+        assert moe is not None
+        return WholeMoE(moe.top_k, *(self.param(params, f"{prefix}.{w}.weight") for w in ("router", *EXPERT_WEIGHTS)))
+
+    def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, LN_EPS)
+
+    def embed(self, ids: torch.Tensor, table: nn.Module) -> torch.Tensor:
+        return F.embedding(ids, cast(torch.Tensor, table.weight))
+
+    def x_part(self, n: int) -> slice:
+        return slice(None)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), targets)
+
+    def attention_span(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def recomputing(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+
+def reference_model(spec: ModelSpec, vocab: int, params: dict[str, torch.Tensor] | None = None) -> GPT:
+    """The whole model on one device, from `params` (``full_state`` of seed 0 when None); its parameter names
+    are the ones every path tags its parameters with."""
+    return GPT(spec, vocab, full_state(spec, vocab, 0) if params is None else params, WholePath())
 
 
 def full_state(spec: ModelSpec, vocab: int, seed: int, std: float = 0.02) -> dict[str, torch.Tensor]:
@@ -197,7 +165,7 @@ def local_state(spec: ModelSpec, vocab: int, layout: Layout, coords: dict[str, i
 
 
 def param_shapes(spec: ModelSpec, vocab: int) -> dict[str, tuple[int, ...]]:
-    """Name and full shape of every parameter, as ``ReferenceGPT`` has them (without building it:
+    """Name and full shape of every parameter, as the reference model has them (without building it:
     a 320B model's LM head alone is gigabytes, and meta tensors would import torch._dynamo)."""
     h = spec.hidden
     out: dict[str, tuple[int, ...]] = {"lm_head.weight": (vocab, h)}
@@ -222,7 +190,7 @@ def param_shapes(spec: ModelSpec, vocab: int) -> dict[str, tuple[int, ...]]:
 
 
 def _expert_shapes(spec: ModelSpec, block: int, layer: str) -> dict[str, tuple[int, ...]]:
-    """The MoE MLP's router and grouped expert weights, as ``_WholeMoE`` names them."""
+    """The MoE MLP's router and grouped expert weights, as ``moe.WholeMoE`` names them."""
     moe = spec.moe
     assert moe is not None
     e, i, h = moe.num_experts, moe.expert_ffn_hidden, spec.hidden

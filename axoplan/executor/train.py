@@ -24,19 +24,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from axoplan.executor.comm import Comm
 from axoplan.executor.groups import Groups, build_groups
+from axoplan.executor.layers import megatron_model
 from axoplan.executor.linear4d import Runtime
-from axoplan.executor.model import GPT4D
+from axoplan.executor.model import GPT
 from axoplan.executor.optim import Optimizer
 from axoplan.executor.overlap import GradReducer, WeightGatherer
 from axoplan.executor.reference import full_state, local_state, to_local
 from axoplan.executor.spec import ExecSettings
+from axoplan.executor.tags import tagged
 from axoplan.executor.timing import PHASES, PhaseTimer
 from axoplan.executor.tuned_matmul import GemmTuner
 from axoplan.inputs.model import padded_vocab
@@ -107,24 +108,20 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
     device = resolve_device(settings, local_rank)
     dtype = resolve_dtype(settings, device)
     groups = build_groups(plan.layout.to_layout(), device.type, settings.timeout_s,
-                          second_z=plan.options.concurrent_z)
+                          second_z=plan.options.concurrent_z,
+                          expert_tp=plan.options.expert_tp if plan.model.moe is not None else None)
     timer = PhaseTimer(device, settings.phase_timing)
     rt = _runtime(plan, groups, timer)
-    if plan.model.moe is not None:
-        from axoplan.executor.moe import moe_groups
-
-        rt.moe_groups = moe_groups(groups.layout, groups.rank, plan.options.expert_tp, settings.timeout_s, timer)
     vocab = plan_vocab(plan)
     params = {k: v.to(device, dtype) for k, v in _initial_params(plan, settings, groups, vocab).items()}
-    model: Any
     if settings.engine == "axonn":
         model = _axonn_model(plan, params, rt, vocab, device)
     elif plan.options.hf_path:
-        from axoplan.executor.hfmodel import GPTHF
+        from axoplan.executor.hfmodel import hf_model
 
-        model = GPTHF(plan.model, vocab, params, rt, plan.recompute)
+        model = hf_model(plan.model, vocab, params, rt, plan.recompute)
     else:
-        model = GPT4D(plan.model, vocab, params, rt, plan.recompute)
+        model = megatron_model(plan.model, vocab, params, rt, plan.recompute)
     batches = local_batches(plan, synthetic_tokens(plan, settings.seed), groups.coords, device, groups.rank)
     optimizer = _optimizer(model, settings)
     if settings.resume:
@@ -165,7 +162,7 @@ def _folder(settings: ExecSettings) -> Path:
     return Path(settings.checkpoint_dir)
 
 
-def _resume(plan: LaunchConfig, settings: ExecSettings, rank: int, model: Any, optimizer: Optimizer) -> None:
+def _resume(plan: LaunchConfig, settings: ExecSettings, rank: int, model: GPT, optimizer: Optimizer) -> None:
     """Load this rank's state from the checkpoint (rank 0 says from which step)."""
     from axoplan.executor import checkpoint
 
@@ -184,13 +181,13 @@ def _progress(it: int, settings: ExecSettings, elapsed_s: float) -> None:
 
 
 def _axonn_model(plan: LaunchConfig, params: dict[str, torch.Tensor], rt: Runtime, vocab: int,
-                 device: torch.device) -> GPT4D:
+                 device: torch.device) -> GPT:
     """The model with AxoNN's expert-mode block linears, and AxoNN's overlap contexts."""
     from axoplan.executor import axonn_backend as axb
 
     axb.init_axonn(plan, torch.cuda.device_count() if device.type == "cuda" else 1)
     factory = functools.partial(axb.axonn_linear_class(), cache=plan.cache_weights)
-    model = GPT4D(plan.model, vocab, params, rt, plan.recompute, factory, reentrant=True)
+    model = megatron_model(plan.model, vocab, params, rt, plan.recompute, factory, reentrant=True)
     rt.micro_batch_context = axb.micro_batch_context(plan, model)
     rt.recompute_hook = axb.recompute_context(plan, model)
     return model
@@ -226,11 +223,11 @@ def _initial_params(plan: LaunchConfig, settings: ExecSettings, groups: Groups, 
     return {name: t if name in whole else to_local(name, t, lay, coords, tp) for name, t in full.items()}
 
 
-def _optimizer(model: Any, settings: ExecSettings) -> Optimizer:
+def _optimizer(model: GPT, settings: ExecSettings) -> Optimizer:
     return Optimizer(model.parameters(), settings.optimizer, settings.lr)
 
 
-def _step(model: Any, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Tensor]],
+def _step(model: GPT, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Tensor]],
           optimizer: Optimizer, scale: float,
           snapshot: bool) -> tuple[float, dict[str, np.ndarray] | None]:
     rt.gatherer.start_iteration()
@@ -244,27 +241,27 @@ def _step(model: Any, rt: Runtime, batches: list[tuple[torch.Tensor, torch.Tenso
         rt.reducer.drain()
         rt.gatherer.end_micro_batch()
         total += loss.detach().float()
-    global_loss = sync_gradients(model, rt, total, ("x", "y") if isinstance(model, GPT4D) else ())
+    global_loss = sync_gradients(model, rt, total)
     grads = _snapshot(model) if snapshot else None
     with rt.timer.span("optimizer"):
         optimizer.step()
     return global_loss, grads
 
 
-def sync_gradients(model: Any, rt: Runtime, loss_part: torch.Tensor,
-                   loss_axes: tuple[str, ...] = ("x", "y")) -> float:
-    """All-reduce shard gradients over data, whole ones (and the loss) over the world. The loss of a rank counts
-    where it owns its tokens along `loss_axes` (the X·Y members of Megatron's layout repeat theirs; on the hf
-    path every rank's tokens are its own)."""
+def sync_gradients(model: GPT, rt: Runtime, loss_part: torch.Tensor) -> float:
+    """All-reduce the gradients each parameter's tag sends to the step (``tags``): shards' over data (in the
+    plan's grad_reduce_dtype), whole ones' (each repeated copy once) and the loss over the world. The loss of a
+    rank counts where it owns its tokens along its path's `loss_redundant` axes (the X·Y members of Megatron's
+    layout repeat theirs; on the hf path every rank's tokens are its own)."""
     reduce_dtype = torch.float32 if rt.grad_reduce_dtype == "fp32" else torch.bfloat16
-    shards = [_grad(p) for _, p in model.sharded()]
+    params = list(tagged(model))
+    shards = [_grad(p) for r, p in params if r.step_axis == "data"]
     _all_reduce_flat(shards, rt.comm, "data", reduce_dtype)
-    whole = [_grad(p) for _, p, _ in model.replicated()]
-    owner = [rt.groups.is_owner(axes) for _, _, axes in model.replicated()]
-    flat = torch.cat([g.reshape(-1).float() * float(own) for g, own in zip(whole, owner, strict=True)]
-                     + [loss_part.reshape(1) * float(rt.groups.is_owner(loss_axes))])
+    whole = [(r, _grad(p)) for r, p in params if r.step_axis == "world"]
+    flat = torch.cat([g.reshape(-1).float() * float(rt.groups.is_owner(r.redundant)) for r, g in whole]
+                     + [loss_part.reshape(1) * float(rt.groups.is_owner(model.path.loss_redundant))])
     rt.comm.all_reduce(flat, "world")
-    _unflatten(flat[:-1], whole)
+    _unflatten(flat[:-1], [g for _, g in whole])
     return float(flat[-1])
 
 
@@ -289,9 +286,9 @@ def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         offset += t.numel()
 
 
-def _snapshot(model: Any) -> dict[str, np.ndarray]:
-    named = [(n, p) for n, p in model.sharded()] + [(n, p) for n, p, _ in model.replicated()]
-    return {n: p.grad.detach().float().cpu().numpy().copy() for n, p in named}  # after backward
+def _snapshot(model: GPT) -> dict[str, np.ndarray]:
+    """Every parameter's gradient by its reference name (after the reductions)."""
+    return {r.name: p.grad.detach().float().cpu().numpy().copy() for r, p in tagged(model)}  # type: ignore[union-attr]
 
 
 def _reduce_timings(comm: Comm, times: list[float], phases: list[dict[str, float]],
