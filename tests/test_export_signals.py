@@ -82,6 +82,22 @@ def test_sigterm_removes_the_staging_folder_and_the_lock_and_changes_nothing(tmp
 
 
 @pytest.mark.slow
+def test_an_export_into_a_folder_being_written_names_the_writer(tmp_path: Path) -> None:
+    """While one export writes (paused with its files staged), a second into the same folder is refused in one
+    line naming the first one's process; once the first is stopped the second succeeds."""
+    out = tmp_path / "plans"
+    proc = paused_export(out, "staged", tmp_path / "marker", "--top", "2")
+    second = cli(*EXPORT, "--top", "1", "--out-dir", str(out))
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert second.stderr.strip() == (f"axoplan: error: another export is writing into {out} now (process {proc.pid}); "
+                                     f"wait for it to finish, or choose another --out-dir")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    again = cli(*EXPORT, "--top", "1", "--out-dir", str(out))
+    assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.slow
 def test_sigterm_into_a_new_folder_leaves_no_folder(tmp_path: Path) -> None:
     out = tmp_path / "new" / "plans"
     proc = paused_export(out, "published", tmp_path / "marker", "--top", "3")
