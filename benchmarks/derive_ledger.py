@@ -544,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         base["KV"] = base["NH"]
     else:  # two query heads per KV head at every doubling (one would change the executor's op list)
         base.update(NH=8, H=64)
+    if args.family == "gpt-neox":  # rotary on a quarter of each head: whole even dimensions at every doubling
+        base.update(H=64)
     ledger = derive(args.family, args.precision, base, args.framework)
     name = "executor" if args.framework == "executor" else f"hf-{args.precision}"
     doc = {
