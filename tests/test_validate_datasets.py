@@ -6,7 +6,7 @@ A headline figure is asserted within about 1.5 points of what was measured (docs
 
 from __future__ import annotations
 
-from axoplan.inputs.machine import load_machine
+from axoplan.inputs.machine import Machine, load_machine
 from axoplan.validate.calibrate import calibrate, split_holdout
 from axoplan.validate.compare import Predictor, aggregate, plan_table, summarize
 from axoplan.validate.records import load_runs
@@ -81,13 +81,24 @@ def test_the_untuned_a100s_on_llm_foundrys_fsdp_runs() -> None:
     sources"): MAPE 10.6 % on the 40 GB runs and 8.6 % on the 80 GB ones, 9.7 % over all (target
     <= 10 %), bias -7.2 % over all (target |bias| <= 5 %: not met), no run called out of memory,
     throughput per GPU ordered across GPU counts with Kendall tau 0.62 (target >= 0.5), 77 % of
-    runs inside their 80 % interval (target 70-90 %)."""
+    runs inside their 80 % interval as issue 22 made it (target 70-90 %: the machine's parameter spread and the
+    10 % model error).
+
+    Issue 29 widens an untuned interval by how far it reaches beyond what was measured: these profiles are counted,
+    not traced (sigma 0.32, docs/decisions.md), and with that every run is inside (100 %): issue 29's 70-90 % is
+    missed by over-covering (docs/validate.md), asserted here so that a change shows."""
     import numpy as np
 
+    from axoplan.inputs.machine import ParameterUncertainty
+    from axoplan.uncertainty.intervals import DEFAULT_MODEL_SIGMA
     from axoplan.validate.coverage import coverage
 
+    def issue_22(machine: Machine) -> Machine:  # the model error marked known: no reach term
+        u = machine.uncertainty or ParameterUncertainty()
+        return machine.model_copy(update={"uncertainty": u.model_copy(update={"model_error": DEFAULT_MODEL_SIGMA})})
+
     runs = load_runs([LLM_FOUNDRY])
-    errors, inside = [], []
+    errors, inside, widened = [], [], []
     for machine, mape in (("dgx-a100", 10.6), ("dgx-a100-80gb", 8.6)):
         plans = aggregate([r for r in runs if r.plan.machine == machine])
         table = plan_table(plans, Predictor([p.plan for p in plans])(load_machine(machine)))
@@ -96,10 +107,12 @@ def test_the_untuned_a100s_on_llm_foundrys_fsdp_runs() -> None:
         if machine == "dgx-a100":
             assert s.scaling_groups == 9 and s.scaling_tau >= 0.5
         errors += list(table["error_pct"])
-        inside += list(coverage(plans, load_machine(machine), 0.8).inside)
+        inside += list(coverage(plans, issue_22(load_machine(machine)), 0.8).inside)
+        widened += list(coverage(plans, load_machine(machine), 0.8).inside)
     assert len(errors) == 139
     assert abs(np.abs(errors).mean() - 9.7) <= 1.5 and abs(np.mean(errors) + 7.2) <= 1.5
     assert 0.70 <= np.mean(inside) <= 0.90
+    assert np.mean(widened) == 1.0
 
 
 def test_cpu_intervals_cover_70_to_90_percent_of_plans_no_fit_saw() -> None:
