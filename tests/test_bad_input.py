@@ -206,6 +206,8 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("calibrate-trace-micro-batches", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "-o", "fit.yaml",
                                        *TRACED[:-4], "--micro-batch", "2,4", "--recompute", "off"),
      "one micro-batch size"),
+    ("calibrate-trace-other-gpu", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-a100", "-o", "fit.yaml",
+                                   *TRACED), "was profiled on NVIDIA H100 80GB HBM3, machine dgx-a100 is NVIDIA A100"),
     ("calibrate-trace-hidden", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "-o", "fit.yaml",
                                 *TRACED, "--hidden", "4096"), "hidden size: the trace's embedding is 2048 wide"),
     ("explain-trace-no-ledger", ("explain", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "--gpus", "1",

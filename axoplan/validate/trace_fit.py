@@ -51,7 +51,7 @@ from axoplan.validate.calibrate import FittedParameter
 from axoplan.validate.yamledit import format_value
 
 __all__ = ["TRACE_SIGMA", "HOST_WAIT_SHARE", "LEDGER_CLASSES", "TracedStep", "HostFinding", "TraceFit",
-           "trace_classes", "ledger_classes", "check_shapes", "fit_trace", "carry_over", "format_split",
+           "trace_classes", "ledger_classes", "check_shapes", "check_device", "fit_trace", "carry_over", "format_split",
            "format_trace_fit", "trace_machine_yaml", "trace_header",
            "explain_trace"]
 
@@ -290,9 +290,12 @@ def _apply(machine: Machine, values: dict[str, float], seq_len: int) -> Machine:
     return Machine.model_validate(data)
 
 
-def _knobs(machine: Machine, step: TracedStep, fitted_classes: list[str]) -> list[_Knob]:
-    """The constant of each fitted class with its bound and prior spread (the machinery of issue 10's priors)."""
-    from axoplan.uncertainty.intervals import prior_spread
+def _knobs(machine: Machine, step: TracedStep, fitted_classes: list[str], measured: bool) -> list[_Knob]:
+    """The constant of each fitted class with its bound and prior spread (the machinery of issue 10's priors):
+    a class `measured` on the device (the machine's own ``kernels`` section) by micro-benchmark, one taken from
+    another device (``kernels.derived``) as a vendor figure, and on a machine without the section each class as
+    ``memory_efficiency`` is sourced."""
+    from axoplan.uncertainty.intervals import DEFAULT_SOURCES, prior_spread
 
     assert machine.kernels is not None
     backend = _backend(machine)
@@ -306,8 +309,9 @@ def _knobs(machine: Machine, step: TracedStep, fitted_classes: list[str]) -> lis
             paths[c] = f"kernels.{c}"
     u = machine.uncertainty
     own = dict(u.sources) if u is not None else {}
+    unmeasured = own.get("memory_efficiency", DEFAULT_SOURCES["memory_efficiency"])
     sources: dict[str, str] = {p: ("vendor" if p.split(".")[-1] in machine.kernels.derived else "measured")
-                               for p in paths.values() if p.startswith("kernels.")}
+                               if measured else unmeasured for p in paths.values() if p.startswith("kernels.")}
     spread = prior_spread(sources | own, ranges=dict(u.ranges) if u is not None else None)
     sigma = dict(zip(spread.paths, spread.rel_sigma, strict=True))
     knobs = []
@@ -322,16 +326,30 @@ def _knobs(machine: Machine, step: TracedStep, fitted_classes: list[str]) -> lis
     return knobs
 
 
+_GPU_MODEL = re.compile(r"\b(?:GH|GB|MI|[ABHLTV])\d{2,3}[A-Z]?\b")
+
+
+def check_device(summary: TraceSummary, machine: Machine) -> None:
+    """Refuse a trace profiled on another GPU model than `machine`'s (an H100 trace for an A100 machine); a trace
+    or machine whose GPU model is not named passes."""
+    traced = _GPU_MODEL.findall(summary.device or "")
+    own = _GPU_MODEL.findall(machine.device.name)
+    if traced and own and traced[0] != own[0]:
+        raise AxoplanError(f"trace {summary.path} was profiled on {summary.device}, machine {machine.name} is "
+                           f"{machine.device.name}: give the machine the trace was taken on (--machine)")
+
+
 def fit_trace(summary: TraceSummary, step: TracedStep, machine: Machine, prior: bool = True) -> TraceFit:
     """Fit `machine`'s class constants to the trace (module docstring); the host's cost per op where it binds.
     Without `prior`, least squares: each class's seconds matched as closely as the bounds allow."""
+    check_device(summary, machine)
     check_shapes(summary, step)
     measured = trace_classes(summary)
     base = _with_kernels(machine)
     before = ledger_classes(step, base)
     _check_scale(measured, before, step)
     fitted_classes, not_fitted = _fittable(measured, before)
-    knobs, deaf = _sensitive(_knobs(base, step, fitted_classes), base, step, before)
+    knobs, deaf = _sensitive(_knobs(base, step, fitted_classes, machine.kernels is not None), base, step, before)
     not_fitted += deaf
     seq = step.options.seq_len
     z0 = np.log([k.value for k in knobs])
