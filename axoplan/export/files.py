@@ -112,7 +112,7 @@ def _sigterm_as_exception() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the undo short
         raise _Terminated
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    previous = signal.signal(signal.SIGTERM, terminated) or signal.SIG_DFL  # None: set outside Python
     try:
         yield
     except _Terminated:
