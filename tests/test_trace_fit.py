@@ -252,8 +252,8 @@ def test_a_cpu_only_trace_is_refused(tmp_path: Path, model_yaml: Path) -> None:
 def test_calibrate_trace_writes_a_machine_every_command_takes(tmp_path: Path, model_yaml: Path,
                                                               fit: TraceFit) -> None:
     out = tmp_path / "h100-gpt2.yaml"
-    r = run_cli("calibrate", "--trace", str(TRACE), "--machine", "dgx-h100", "-o", str(out), "--model",
-                str(model_yaml), *STEP_FLAGS)
+    r = run_cli_here("calibrate", "--trace", str(TRACE), "--machine", "dgx-h100", "-o", str(out), "--model",
+                     str(model_yaml), *STEP_FLAGS)
     assert r.returncode == 0, r.stderr
     assert f"wrote {out}; use it with --machine {out}" in r.stdout
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.startswith("kernels.norm ")}
@@ -263,14 +263,26 @@ def test_calibrate_trace_writes_a_machine_every_command_takes(tmp_path: Path, mo
     assert "norm: 0.4739" in text and "was 0.552; layer norm [meas micro-h100.jsonl]" in text
     assert "host.launch_us: [3.0, 20.0]                 # an empty kernel's launch" in text  # comments kept
     assert load_machine(str(out)) == fit.calibrated
-    again = run_cli("calibrate", "--trace", str(TRACE), "--machine", "dgx-h100", "-o", str(out), "--model",
-                    str(model_yaml), *STEP_FLAGS)
+    again = run_cli_here("calibrate", "--trace", str(TRACE), "--machine", "dgx-h100", "-o", str(out), "--model",
+                         str(model_yaml), *STEP_FLAGS)
     _refused(again, str(out), "--force")  # nothing of the user's overwritten
-    ranked = run_cli("rank", "--model", "llama3.1-8B", "--gpus", "64", "--machine", str(out), "--framework",
-                     "hf-transformers", "--top", "1", "--format", "json")
+    ranked = run_cli_here("rank", "--model", "llama3.1-8B", "--gpus", "64", "--machine", str(out), "--framework",
+                          "hf-transformers", "--top", "1", "--format", "json")
     assert ranked.returncode == 0, ranked.stderr
-    explained = run_cli("explain", "--model", str(model_yaml), "--gpus", "1", "--machine", str(out), *STEP_FLAGS)
+    explained = run_cli_here("explain", "--model", str(model_yaml), "--gpus", "1", "--machine", str(out),
+                             *STEP_FLAGS)
     assert explained.returncode == 0, explained.stderr
+    step_s = float(next(line.split()[1] for line in explained.stdout.splitlines() if line.startswith("predicted ")))
+    assert step_s == pytest.approx(fit.after.step_s, abs=1e-4)  # the fitted step, 0.3071 s
+
+
+@pytest.mark.slow
+def test_calibrate_trace_through_the_console_script(tmp_path: Path, model_yaml: Path, fit: TraceFit) -> None:
+    out = tmp_path / "h100-gpt2.yaml"
+    r = run_cli("calibrate", "--trace", str(TRACE), "--machine", "dgx-h100", "-o", str(out), "--model",
+                str(model_yaml), *STEP_FLAGS)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert load_machine(str(out)) == fit.calibrated
 
 
 def test_explain_trace_sets_the_ledger_beside_the_trace(model_yaml: Path) -> None:
