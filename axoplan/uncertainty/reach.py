@@ -96,10 +96,11 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
         found.append(flat("device's op classes never measured", SIGMA_UNMEASURED))
     elif kernels.derived:
         found.append(flat(f"device's {', '.join(kernels.derived)} taken from another device", SIGMA_DERIVED))
-    if not _family_traced(model, ledger):
-        family = getattr(model, "family", None)
+    used = _traced_for(model, ledger)
+    family = getattr(model, "family", None)
+    if family is None or used != family:
         named = f"model family {family} not" if family else "no model family"
-        found.append(flat(f"{named} traced, op list by its MLP kind", SIGMA_FAMILY))
+        found.append(flat(f"{named} traced, priced with {used}'s op list", SIGMA_FAMILY))
     beyond = _beyond_attention_curve(machine, options.seq_len)
     if beyond is not None:
         what, per_doubling = beyond
@@ -108,14 +109,13 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
     return tuple(found)
 
 
-def _family_traced(model: ModelSpec, ledger: str) -> bool:
-    """Is the op list `ledger` prices `model` with traced from the model's own family? Not where the model names
-    no family or ``ledger_family``/``shipped_family`` (the one rule for which trace a model gets) fall back on a
-    neighbour's (the MLP kind, Mixtral's for any mixture, GPT-2's where the framework traced no other)."""
+def _traced_for(model: ModelSpec, ledger: str) -> str:
+    """The family whose trace of `ledger` prices `model` (``ledger_family``, then ``shipped_family``: the one rule
+    for which trace a model gets). The model's own family is covered only where this is it; otherwise the rule
+    fell back on a neighbour's (by the MLP kind, Mixtral's for any mixture, GPT-2's where no other was traced)."""
     from axoplan.cost.ledger import ledger_family, shipped_family
 
-    family = getattr(model, "family", None)
-    return family is not None and shipped_family(ledger, ledger_family(model)) == family
+    return shipped_family(ledger, ledger_family(model))
 
 
 def _beyond_attention_curve(machine: Machine, seq_len: int) -> tuple[str, float] | None:
@@ -178,7 +178,7 @@ def plan_reach_sigma(plans: Sequence[LaunchConfig], machine: Machine) -> Floats:
     for idx in groups.values():
         first = plans[idx[0]]
         found = reaches(first.model, first.options, machine, size=len(idx))
-        if any(r.what.startswith("sequence") for r in found):  # the attention share needs the prediction
+        if _beyond_attention_curve(machine, first.options.seq_len) is not None:  # its share needs the prediction
             cols = predict(first.model, machine, first.options, plan_candidates([plans[i] for i in idx])).columns
             found = reaches(first.model, first.options, machine, cols, len(idx))
         out[idx] = reach_sigma(machine, found, len(idx))
@@ -187,12 +187,12 @@ def plan_reach_sigma(plans: Sequence[LaunchConfig], machine: Machine) -> Floats:
 
 def widened_note(machine: Machine, found: Sequence[Reach], i: int = 0) -> str | None:
     """One line naming what widened candidate `i`'s interval and by how much (None where nothing did)."""
+    from axoplan.uncertainty.intervals import machine_spread
+
     shown = [r for r in found if r.sigma[i] > 0]
     if not shown or _calibrated(machine):
         return None
     parts = "; ".join(f"{r.what} (+{100 * r.sigma[i]:.0f} %)" for r in shown)
-    from axoplan.uncertainty.intervals import machine_spread
-
     total = float(model_sigma(machine, found, len(found[0].sigma))[i])
     return (f"interval widened: {parts}: the time model's one-sigma error is {100 * total:.0f} %, not "
             f"{100 * machine_spread(machine)[1]:.0f} % (docs/uncertainty.md, 'Reach')")
