@@ -185,6 +185,41 @@ def test_where_the_device_waited_for_the_host_op_us_is_fitted(tmp_path: Path) ->
     assert mapped.host.after == pytest.approx(expected, rel=5e-3)
 
 
+def _three_steps(path: Path, slower: float) -> None:
+    """The shared trace three times over, a second apart (each copy's launches its own correlation ids), the
+    middle copy's GPU activities `slower` times as long: three steps, two as traced."""
+    doc = json.loads(gzip.decompress(TRACE.read_bytes()))
+    events = []
+    for k in range(3):
+        for e in doc["traceEvents"]:
+            e = json.loads(json.dumps(e))
+            if isinstance(e.get("ts"), int | float):
+                e["ts"] += k * 1e6
+            args = e.get("args")
+            if isinstance(args, dict) and isinstance(args.get("correlation"), int):
+                args["correlation"] += k * 10**7
+            if k == 1 and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy"):
+                e["dur"] *= slower
+            events.append(e)
+    path.write_bytes(gzip.compress(json.dumps({**doc, "traceEvents": events}).encode()))
+
+
+def test_several_steps_give_the_median_and_their_own_spread(tmp_path: Path, fit: TraceFit) -> None:
+    path = tmp_path / "three.json.gz"
+    _three_steps(path, 1.1)
+    summary = read_trace(path)
+    assert len(summary.steps) == 3
+    classes = trace_classes(summary)
+    for c in ("gemm", "norm", "optimizer"):
+        assert classes.seconds[c] == pytest.approx(fit.trace.seconds[c], rel=1e-9)  # the median: an unslowed step
+        assert classes.sigma[c] == pytest.approx(math.log(1.1) / math.sqrt(3), rel=1e-6)  # stdev of (0, ln 1.1, 0)
+    refit = fit_trace(summary, _step(), load_machine("dgx-h100"))
+    norm = next(f for f in refit.fitted if f.path == "kernels.norm")
+    w = 0.05**2 / (0.05**2 + (math.log(1.1) / math.sqrt(3)) ** 2)  # the steps' 5.5 % spread weighs less than 2 %
+    assert norm.after == pytest.approx(0.552 * (fit.before.classes["norm"] / fit.trace.seconds["norm"]) ** w,
+                                       rel=2e-3)
+
+
 # ---- refusals ----------------------------------------------------------------------------------------------------
 
 
