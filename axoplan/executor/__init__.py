@@ -11,10 +11,14 @@ need it; ``spec``, ``record``, ``launch`` and ``fragment`` can be imported witho
 * ``timing``    per-phase timers (wall clock on CPU, CUDA events on GPU)
 * ``comm``      timed collectives, synchronous or overlapped
 * ``overlap``   Z all-gather prefetch (OAG) and weight caching; deferred reduce-scatter (ORS)
-* ``linear4d``  the 4D linear layer (plain and transposed) as an autograd Function
-* ``layers``    LayerNorm over X, vocab-parallel embedding and cross-entropy over Y
-* ``model``     the GPT-style model made of 4D linears
-* ``reference`` the same model in one process, for the correctness tests
+* ``linear4d``  the 4D linear layer (plain and transposed) as an autograd Function, and the one ``Linear``
+                (its core, whole bias, and the path's transitions around the core)
+* ``model``     the one GPT-style model class, with its path injected
+* ``reference`` the reference path (every parameter whole, one process), and how parameters are cut
+* ``layers``    the Megatron path: LayerNorm over X, vocab-parallel embedding and cross-entropy over Y
+* ``hfmodel``   the hf path: AxoNN's data-parallel <-> 4D transitions
+* ``moe``       the mixture-of-experts MLP, whole and as AxoNN's native module
+* ``tags``      each parameter tagged with what reduces its gradient
 * ``optim``     Adam and SGD with foreach ops (``torch.optim`` would import torch._dynamo)
 * ``train``     synthetic data, the training step, gradient reduction, timed iterations
 * ``record``    the measured-run record

@@ -43,8 +43,8 @@ from axoplan.executor.tuned_matmul import GemmTuner
 from axoplan.inputs.model import padded_vocab
 from axoplan.records.plan import LaunchConfig
 
-__all__ = ["RankResult", "run_rank", "synthetic_tokens", "local_batches", "resolve_device", "resolve_dtype",
-           "plan_vocab"]
+__all__ = ["RankResult", "run_rank", "build_model", "synthetic_tokens", "local_batches", "resolve_device",
+           "resolve_dtype", "plan_vocab"]
 
 
 @dataclass(frozen=True)
@@ -106,22 +106,8 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
              collect_grads: bool = False) -> RankResult:
     """Run `plan` on this rank of an initialised default process group."""
     device = resolve_device(settings, local_rank)
-    dtype = resolve_dtype(settings, device)
-    groups = build_groups(plan.layout.to_layout(), device.type, settings.timeout_s,
-                          second_z=plan.options.concurrent_z,
-                          expert_tp=plan.options.expert_tp if plan.model.moe is not None else None)
-    timer = PhaseTimer(device, settings.phase_timing)
-    rt = _runtime(plan, groups, timer)
-    vocab = plan_vocab(plan)
-    params = {k: v.to(device, dtype) for k, v in _initial_params(plan, settings, groups, vocab).items()}
-    if settings.engine == "axonn":
-        model = _axonn_model(plan, params, rt, vocab, device)
-    elif plan.options.hf_path:
-        from axoplan.executor.hfmodel import hf_model
-
-        model = hf_model(plan.model, vocab, params, rt, plan.recompute)
-    else:
-        model = megatron_model(plan.model, vocab, params, rt, plan.recompute)
+    model, rt = build_model(plan, settings, device)
+    groups, timer = rt.groups, rt.timer
     batches = local_batches(plan, synthetic_tokens(plan, settings.seed), groups.coords, device, groups.rank)
     optimizer = _optimizer(model, settings)
     if settings.resume:
@@ -152,8 +138,28 @@ def run_rank(plan: LaunchConfig, settings: ExecSettings, local_rank: int = 0,
 
         checkpoint.save(_folder(settings), groups.rank, plan.plan_id, plan.world_size, model, optimizer, losses[-1])
     iter_s, phase_s = _reduce_timings(rt.comm, times, phases, device)
+    dtype = str(resolve_dtype(settings, device)).removeprefix("torch.")
     return RankResult(groups.rank, losses, iter_s, phase_s, grads, device_name(device),
-                      torch.distributed.get_backend(), str(dtype).removeprefix("torch."), trace)
+                      torch.distributed.get_backend(), dtype, trace)
+
+
+def build_model(plan: LaunchConfig, settings: ExecSettings, device: torch.device) -> tuple[GPT, Runtime]:
+    """This rank's groups (``Groups``, the MoE's Z split included), runtime and model on its path (the engine's
+    cores on the Megatron path, the hf path's, or ``megatron_model``), initialised as `settings` say."""
+    groups = build_groups(plan.layout.to_layout(), device.type, settings.timeout_s,
+                          second_z=plan.options.concurrent_z,
+                          expert_tp=plan.options.expert_tp if plan.model.moe is not None else None)
+    rt = _runtime(plan, groups, PhaseTimer(device, settings.phase_timing))
+    vocab = plan_vocab(plan)
+    dtype = resolve_dtype(settings, device)
+    params = {k: v.to(device, dtype) for k, v in _initial_params(plan, settings, groups, vocab).items()}
+    if settings.engine == "axonn":
+        return _axonn_model(plan, params, rt, vocab, device), rt
+    if plan.options.hf_path:
+        from axoplan.executor.hfmodel import hf_model
+
+        return hf_model(plan.model, vocab, params, rt, plan.recompute), rt
+    return megatron_model(plan.model, vocab, params, rt, plan.recompute), rt
 
 
 def _folder(settings: ExecSettings) -> Path:
