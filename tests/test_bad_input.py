@@ -196,6 +196,8 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     # --- calibrate --trace, explain --trace (issue 31) ---
     ("calibrate-neither", ("calibrate", "--machine", "dgx-h100", "-o", "fit.yaml"), "give measured runs"),
     ("calibrate-runs-and-trace", (*CAL, "-o", "fit.yaml", "--trace", GPT2_TRACE), "not both"),
+    ("calibrate-trace-params", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "-o", "fit.yaml",
+                                *TRACED, "--params", "gemm.max_efficiency"), "--params chooses what runs fit"),
     ("calibrate-model-without-trace", (*CAL, "-o", "fit.yaml", "--model", "5B"), "give them with --trace"),
     ("calibrate-trace-text", ("calibrate", "--trace", "existing.txt", "--machine", "dgx-h100", "-o", "fit.yaml",
                               *TRACED), "is not a chrome trace"),

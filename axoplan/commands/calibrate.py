@@ -90,10 +90,7 @@ def calibrate(
     (docs/validate.md, "Calibrating from a trace").
     """
     if trace is not None:
-        if runs:
-            from axoplan.errors import AxoplanError
-
-            raise AxoplanError("give measured runs or --trace FILE, not both")
+        _no_run_flags(runs, params)
         _calibrate_trace(trace, machine, output, force, prior, run_options, model_flags)
         return
     _no_step_flags(runs, model_flags)
@@ -141,6 +138,17 @@ def calibrate(
         raise AxoplanError(f"{output} does not read back as the calibrated machine; please report this")
     typer.echo(format_calibration(result))
     typer.echo(f"\nwrote {output}; use it with --machine {output}")
+
+
+def _no_run_flags(runs: list[Path] | None, params: str | None) -> None:
+    """Refuse, with --trace, what only a fit to runs takes."""
+    from axoplan.errors import AxoplanError
+
+    if runs:
+        raise AxoplanError("give measured runs or --trace FILE, not both")
+    if params is not None:
+        raise AxoplanError("--params chooses what runs fit; with --trace each class the trace and the ledger both "
+                           "time sets its own constant")
 
 
 def _no_step_flags(runs: list[Path] | None, model_flags: ModelFlags) -> None:
