@@ -159,6 +159,30 @@ def test_attention_moves_by_one_factor_on_its_curve(fit: TraceFit) -> None:
     assert [a / b for a, b in zip(after, before, strict=True)] == pytest.approx([moved.after / 0.429] * 6, rel=2e-3)
 
 
+def test_a_machine_without_measured_classes_gets_them_from_the_trace() -> None:
+    """No ``kernels`` section: every memory-bound class starts at ``memory_efficiency`` (0.8) with its source's
+    spread (vendor, 15 %), attention at the flat ``attention_efficiency`` with its sourced range; the YAML written
+    (whole, as the section is new) reads back as the fitted machine."""
+    from axoplan.validate.trace_fit import trace_machine_yaml
+
+    bare = load_machine("dgx-h100").model_copy(update={"kernels": None})
+    fitted = fit_trace(read_trace(TRACE), _step(), bare)
+    norm = next(f for f in fitted.fitted if f.path == "kernels.norm")
+    assert norm.before == 0.8
+    assert norm.after == pytest.approx(_map(0.8, fitted.before.classes["norm"], fitted.trace.seconds["norm"], 0.15),
+                                       rel=2e-3)
+    attention = next(f for f in fitted.fitted if f.path == "attention_efficiency")
+    sigma = math.log(0.339 / 0.25) / (2 * 1.2815516)
+    assert attention.after == pytest.approx(
+        _map(0.29, fitted.before.classes["attention"], fitted.trace.seconds["attention"], sigma), rel=2e-3)
+    source = yaml.safe_dump(bare.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    text = trace_machine_yaml(fitted, source, "# header\n", "calibrated")
+    assert text.startswith("# header\n")
+    from axoplan.inputs.machine import Machine
+
+    assert Machine.model_validate(yaml.safe_load(text)) == fitted.calibrated
+
+
 def test_without_the_prior_every_fitted_class_matches_the_trace() -> None:
     plain = fit_trace(read_trace(TRACE), _step(), load_machine("dgx-h100"), prior=False)
     for f in plain.fitted:
