@@ -166,6 +166,7 @@ def _no_step_flags(runs: list[Path] | None, model_flags: ModelFlags) -> None:
 def _calibrate_trace(trace: Path, machine: str, output: Path, force: bool, prior: bool, run_options: RunOptions,
                      model_flags: ModelFlags) -> None:
     """`calibrate --trace`: fit the op classes to the trace; write the calibrated YAML (axoplan.validate.trace_fit)."""
+    import sys
     from datetime import UTC, datetime
 
     from axoplan.errors import AxoplanError
@@ -179,7 +180,10 @@ def _calibrate_trace(trace: Path, machine: str, output: Path, force: bool, prior
     check_writable(output, force)
     step = TracedStep.of(model_flags.load(), run_options)
     mach = load_machine(machine)
-    fit = fit_trace(read_trace(trace), step, mach, prior=prior)
+    summary = read_trace(trace)
+    if sys.stderr.isatty():  # progress for a person at a terminal; logs keep one-line errors
+        typer.echo(f"fitting {mach.name}'s op classes to {trace} (a few seconds)...", err=True)
+    fit = fit_trace(summary, step, mach, prior=prior)
     source = _yaml_path(machine)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     shipped = source.resolve().parent == machines_dir().resolve()

@@ -351,6 +351,9 @@ def fit_trace(summary: TraceSummary, step: TracedStep, machine: Machine, prior: 
     fitted_classes, not_fitted = _fittable(measured, before)
     knobs, deaf = _sensitive(_knobs(base, step, fitted_classes, machine.kernels is not None), base, step, before)
     not_fitted += deaf
+    if not knobs:
+        raise AxoplanError(f"the trace {summary.path} and the ledger of --framework {step.options.framework} time no "
+                           f"op class in common on {machine.name}; nothing to fit")
     seq = step.options.seq_len
     z0 = np.log([k.value for k in knobs])
     low = np.full(len(knobs), math.log(_LOW))
