@@ -543,8 +543,9 @@ def explain_trace(summary: TraceSummary, ranking: Any, index: int) -> str:
     predicted = _class_seconds(cols, index)
     where = "" if ranking.world_size == 1 else " (one GPU's share of the layout's step)"
     head = (f"op classes: the ledger on {ranking.machine.name}{where}, micro-batch {step.micro_batch}, recompute "
-            f"{'on' if step.recompute else 'off'},\nbeside the trace {summary.path} ({measured.steps} "
-            f"step{'s' if measured.steps != 1 else ''}, median per class)")
+            f"{'on' if step.recompute else 'off'},\nbeside the trace {summary.path} "
+            f"({summary.device or 'GPU not named'}, {measured.steps} step{'s' if measured.steps != 1 else ''}, "
+            f"median per class)")
     tail = (f"ratio: the ledger's seconds over the trace's; the step: the trace's span {measured.span_s:.4f} s, "
             f"busy {measured.busy_s:.4f} s; the model's {float(cols['t_step_s'][index]):.4f} s")
     return "\n".join([head, "", format_split(measured, [("ledger", predicted)]), "", tail])
