@@ -1,12 +1,14 @@
 """`benchmarks/measure_gpu.py` rehearsed on CPU ranks: the GPU measurement is one command that works.
 
-The script is what a session or user with a GPU node runs for issue 4's item 7; here it
-runs its every step (probe, every layout of 1 and 2 ranks, environment, validate) with
-gloo and a tiny model, so the only untested part left is the device itself.
+The script is what a session or user with a GPU node runs for issue 4's item 7 and issue 31's item 4; here
+it runs its every step (probe with kernels, every layout of 1 and 2 ranks under the executor's framework,
+a traced executor step, traced steps of tiny GPT-2 and Llama models, environment, validate) with gloo and
+tiny models, so the only untested part left is the device itself.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -21,7 +23,8 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.distributed
 
-TINY = ["--layers", "1", "--hidden", "32,64", "--head-dim", "16", "--seq-len", "16", "--vocab", "128"]
+TINY = ["--layers", "1", "--hidden", "32,64", "--head-dim", "16", "--seq-len", "16", "--vocab", "128",
+        "--hf-size", "tiny"]
 
 
 def _measure(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -42,13 +45,25 @@ def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: P
         assert {r.plan.model.num_heads for r in mine} == {hidden // 16}
     assert len(records) == 10
     assert {(r.backend, r.dtype, r.plan.machine) for r in records} == {("gloo", "float32", "dgx-h100")}
+    assert {r.plan.options.framework for r in records} == {"axoplan-executor"}  # priced as the executor runs
     fragment = yaml.safe_load((out / "probe.yaml").read_text())
     assert fragment["gemm"]["table"] and fragment["measured_bandwidth"]
+    assert {"elementwise", "norm", "loss", "optimizer", "derived"} <= set(fragment["kernels"])  # the op classes
+    for name in ("trace-executor", "trace-hf-gpt2", "trace-hf-llama"):  # one traced step each, after warm-up
+        events = json.loads(gzip.decompress((out / f"{name}.json.gz").read_bytes()))["traceEvents"]
+        steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+        assert len(steps) == 1 and sum(e.get("cat") == "cpu_op" for e in events) > 100, name
     env = json.loads((out / "environment.json").read_text())
     assert (env["ranks"], env["backend"], env["machine_yaml"]) == (2, "gloo", "dgx-h100")
     assert env["started"] <= env["finished"] and "--gpus 2" in env["command"]
     assert env["cpu"] == cpu_identity().as_dict() and env["cpu"]["model_name"]  # the host CPU, from the one reader
     assert env["gpu"] is None and env["python"]  # CPU ranks: no GPU named
+    assert sorted(env["files"]) == ["probe.yaml", "runs.jsonl", "trace-executor.json.gz", "trace-hf-gpt2.json.gz",
+                                    "trace-hf-llama.json.gz"]  # every file written, with how it was made
+    assert env["files"]["probe.yaml"]["how"].startswith("axoplan probe --local 2 --machine dgx-h100")
+    assert "framework axoplan-executor" in env["files"]["trace-executor.json.gz"]["what"]
+    assert env["files"]["trace-hf-llama.json.gz"]["config"]["num_key_value_heads"] == 2
+    assert env["framework"] == "axoplan-executor" and env["transformers"]
     assert "MAPE" in done.stdout and "10 plans measured on dgx-h100" in done.stdout
 
 
@@ -59,3 +74,8 @@ def test_an_existing_output_is_never_overwritten(tmp_path: Path) -> None:
     done = _measure(out, "--no-probe")
     assert done.returncode != 0 and "exists; choose another --out" in done.stderr
     assert (out / "runs.jsonl").read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == ["runs.jsonl"]
+    (out / "runs.jsonl").unlink()
+    (out / "trace-executor.json.gz").write_bytes(b"mine")  # a trace of an earlier session is kept too
+    done = _measure(out, "--no-probe")
+    assert done.returncode != 0 and "trace-executor.json.gz exists" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["trace-executor.json.gz"]
