@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from axoplan.executor.fragment import merge_fragment
+from axoplan.executor.fragment import GemmTime, ProbeResult, merge_fragment, render_fragment
 from axoplan.executor.kernel_constants import CLASSES, kernel_constants, kernels_yaml, read_records
 from axoplan.executor.kernel_sweep import kernel_sweep
 from axoplan.inputs.machine import Machine, load_machine, machines_dir
@@ -163,3 +163,28 @@ def test_probe_quick_on_one_cpu_rank_through_the_entry_point(tmp_path: Path) -> 
                    "-o", str(plain))
     assert done.returncode == 0, done.stderr
     assert "kernels" not in yaml.safe_load(plain.read_text()) and "probe: kernels" not in done.stderr
+
+
+def test_the_probe_fragment_carries_the_section_and_the_sync_and_survives_the_ranks_json() -> None:
+    """Rank 0's result crosses to the command as JSON (LocalCluster): the records come back as they were (a bool
+    stays a bool, an int an int); the fragment with them merges into dgx-h100 with the hand-derived classes, the
+    host's sync in a comment (no machine field reads it)."""
+    result = ProbeResult(world_size=1, device_name="NVIDIA H100 80GB HBM3", backend="nccl", dtype="bfloat16",
+                         torch_version="2.13.0", gemms=(GemmTime(m=512, n=512, k=512, seconds=2 * 512**3 / 0.5e12),),
+                         collectives=(), host_op_us=4.0, host_launch_us=2.5, host_sync_us=12.5,
+                         kernel_records=tuple(_records()), kernel_notes=("attention flash: not measured (x)",))
+    again = ProbeResult.model_validate_json(result.model_dump_json())
+    assert again == result and again.kernel_records[10]["causal"] is True
+    assert again.kernel_records[3]["elements"] == 10**9 and isinstance(again.kernel_records[3]["elements"], int)
+    text = render_fragment(again, PEAK_TFLOPS, "dgx-h100", "now", hbm_gbs=HBM_GBS)
+    assert "  # sync: 12.5 us per cudaStreamSynchronize round trip" in text
+    assert "# attention flash: not measured (x)" in text
+    base = yaml.safe_load((machines_dir() / "dgx-h100.yaml").read_text())
+    machine = Machine.model_validate(merge_fragment(base, yaml.safe_load(text)))
+    assert machine.kernels is not None and (machine.kernels.norm, machine.kernels.optimizer) == (0.5, 0.5)
+    assert machine.kernels.attention["cudnn"].efficiency == (0.5,)
+    assert machine.kernels.attention["flash"] == load_machine("dgx-h100").kernels.attention["flash"]  # kept
+    assert (machine.host.op_us, machine.host.launch_us) == (4.0, 2.5)
+    without = render_fragment(again.model_copy(update={"kernel_records": ()}), PEAK_TFLOPS, "dgx-h100", "now",
+                              hbm_gbs=HBM_GBS)
+    assert "kernels" not in yaml.safe_load(without)  # --no-kernels: the machine's own section stays

@@ -8,11 +8,14 @@ tiny models, so the only untested part left is the device itself.
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
@@ -20,8 +23,6 @@ import yaml
 from axoplan.executor.hardware import cpu_identity
 from axoplan.records.runs import read_runs
 from tests.conftest import REPO
-
-pytestmark = pytest.mark.distributed
 
 TINY = ["--layers", "1", "--hidden", "32,64", "--head-dim", "16", "--seq-len", "16", "--vocab", "128",
         "--hf-size", "tiny"]
@@ -33,6 +34,26 @@ def _measure(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("measure_gpu", REPO / "benchmarks" / "measure_gpu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_plans_run_under_the_executors_own_framework() -> None:
+    """Every ordered layout of 4 ranks (2² over four axes: C(5, 3) = 10 of them), each plan saying framework
+    axoplan-executor (the profile validate prices the executor's runs with), on the Megatron path the executor
+    runs, with the model the flags describe."""
+    args = argparse.Namespace(layers=2, head_dim=16, vocab=128, seq_len=16, global_batch=8, machine="dgx-h100")
+    plans = _script().plans(args, 64, 4, 8)
+    assert len(plans) == 10 and len({str(p.layout.to_layout()) for p in plans}) == 10
+    assert {(p.options.framework, p.options.axonn_path) for p in plans} == {("axoplan-executor", "megatron")}
+    assert {(p.model.hidden, p.model.num_heads, p.model.num_layers, p.world_size) for p in plans} == {(64, 4, 2, 4)}
+
+
+@pytest.mark.distributed
 def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
     done = _measure(out)
@@ -67,6 +88,7 @@ def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: P
     assert "MAPE" in done.stdout and "10 plans measured on dgx-h100" in done.stdout
 
 
+@pytest.mark.distributed
 def test_an_existing_output_is_never_overwritten(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
     out.mkdir()
