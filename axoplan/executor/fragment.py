@@ -14,6 +14,10 @@ The fragment holds the two blocks the cost model reads from measurements:
   ``orientation`` (the phase in a comment) and ``orientation_efficiency``, the median over
   shapes of each layout's speed relative to ``nn``.
 
+With the host's measurements it also holds ``host`` (``op_us``, ``launch_us``; the sync round trip as a
+comment) and, from the kernel sweep's records, a ``kernels`` section (``axoplan.executor.kernel_constants``,
+the derivation ``benchmarks/kernel_constants.py`` uses too).
+
 Merge it into a machine YAML with `merge_fragment` (mappings merge, lists are replaced).
 """
 
