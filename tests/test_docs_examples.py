@@ -23,7 +23,9 @@ folder, through the real entry point
   ``flux run``) or a comment on the line saying ``needs a GPU``/``on the GPU node``/``needs a
   scheduler`` makes an axoplan call *parse-only*: ``axoplan SUBCOMMAND --help`` runs and lists
   every ``--flag`` of the call;
-* installing (``python3 -m venv``, ``pip install``) is not repeated here (`.ci/run` installs).
+* installing (``python3 -m venv``, ``pip install``) is not repeated here (`.ci/run` installs);
+* a block whose paragraph above says it is ```PATH``, copied unchanged from that run`` must be that
+  file as the examples above it in its section wrote it (docs/export.md's job script).
 
 What a page assumes the reader already has is made here (:data:`GIVEN`): the repository's
 ``data/`` folder and, as the executor's ``runs.jsonl``, the shipped CPU runs. Commands in running
@@ -85,6 +87,7 @@ class Example:
     output: list[str] | None = None
     output_lines: tuple[int, int] = (0, 0)  # 0-based [start, end) of the output in the page's lines
     segments: list[list[str]] = field(default_factory=list)
+    shown_file: str = ""  # not a command: the block shows this file as the examples above it wrote it
 
 
 def _blocks(lines: list[str]) -> list[tuple[str, int, int]]:
@@ -172,6 +175,11 @@ def examples(page: str) -> list[Example]:
     found: list[Example] = []
     for lang, start, end in blocks:
         body = [_unquote(line) for line in lines[start:end]]
+        shown = _shown_file(lines, start - 1)
+        if shown:
+            found.append(Example(page, start, headings[start], f"the file {shown}", output=body,
+                                 output_lines=(start, end), shown_file=shown))
+            continue
         if lang not in COMMAND_LANGS or (body and body[0].startswith("#!")):
             continue
         console = lang == "console" or any(line.startswith("$ ") for line in body)
@@ -206,6 +214,23 @@ def examples(page: str) -> list[Example]:
                     ex.output, ex.output_lines = body[out_start:k], (start + out_start, start + k)
             found.append(ex)
     return found
+
+
+SHOWN_FILE = re.compile(r"`([^`\s]+)`, copied unchanged from (?:that|the) run")
+"""The words that make a block the content of a file an example above it wrote (docs/export.md's job.sh)."""
+
+
+def _shown_file(lines: list[str], fence: int) -> str:
+    """The file the paragraph just above the block at line `fence` says it shows, or ''."""
+    k = fence - 1
+    while k >= 0 and not lines[k].strip():
+        k -= 1
+    paragraph = []
+    while k >= 0 and lines[k].strip() and not lines[k].lstrip().startswith("```"):
+        paragraph.insert(0, lines[k])
+        k -= 1
+    m = SHOWN_FILE.search(" ".join(paragraph))
+    return m.group(1) if m else ""
 
 
 def _parse_only(ex: Example, seg: list[str]) -> bool:
@@ -294,7 +319,12 @@ def run_page(page: str, folder: Path) -> list[tuple[Example, list[str]]]:
             sections[ex.section].mkdir()
             for given in GIVEN.get(page, ()):
                 given(sections[ex.section])
-        _, fresh = run_example(ex, sections[ex.section], sections[ex.section])
+        if ex.shown_file:
+            path = sections[ex.section] / ex.shown_file
+            assert path.is_file(), f"{page}:{ex.line}: the examples above it wrote no {ex.shown_file}"
+            fresh: list[str] | None = _trimmed(path.read_text())
+        else:
+            _, fresh = run_example(ex, sections[ex.section], sections[ex.section])
         if fresh is not None:
             compared.append((ex, fresh))
     return compared
@@ -313,7 +343,7 @@ def test_every_example_of_the_page_runs_and_shows_what_the_page_shows(page: str,
     for ex, fresh in run_page(page, tmp_path):
         assert ex.output is not None
         assert _matches(ex.output, fresh), (
-            f"{ex.page}:{ex.line}: `{ex.text}` now prints\n" + "\n".join(fresh)
+            f"{ex.page}:{ex.line}: `{ex.text}` now {'holds' if ex.shown_file else 'prints'}\n" + "\n".join(fresh)
             + f"\n\nafter an intended change refresh the page: {REFRESH} {page}")
 
 
