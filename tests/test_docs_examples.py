@@ -167,9 +167,9 @@ def _is_example(segments: list[list[str]]) -> bool:
     return bool(calls) or (submits and any(s[0] != "cd" for s in segments))
 
 
-def examples(page: str) -> list[Example]:
-    """Every example of `page`, in page order."""
-    lines = (REPO / page).read_text().splitlines()
+def examples(page: str, root: Path = REPO) -> list[Example]:
+    """Every example of `page` (under `root`), in page order."""
+    lines = (root / page).read_text().splitlines()
     blocks = _blocks(lines)
     headings = _headings(lines, blocks)
     found: list[Example] = []
@@ -308,12 +308,12 @@ def run_example(ex: Example, folder: Path, cwd: Path) -> tuple[Path, list[str] |
     return cwd, fresh
 
 
-def run_page(page: str, folder: Path) -> list[tuple[Example, list[str]]]:
+def run_page(page: str, folder: Path, root: Path = REPO) -> list[tuple[Example, list[str]]]:
     """Run `page`'s examples in order, each section's in a folder of its own under `folder` (with what the
     page assumes its reader has); each compared example with its fresh output."""
     compared = []
     sections: dict[str, Path] = {}
-    for ex in examples(page):
+    for ex in examples(page, root):
         if ex.section not in sections:
             sections[ex.section] = folder / f"section-{len(sections) + 1}"
             sections[ex.section].mkdir()
@@ -371,6 +371,20 @@ def test_a_stale_output_or_a_missing_folder_is_caught(tmp_path: Path) -> None:
         run_example(ex, tmp_path, tmp_path)
 
 
+def test_refresh_rewrites_a_stale_output_and_nothing_else(tmp_path: Path) -> None:
+    """The refresh command on a page whose shown output is stale: that output becomes the fresh one, every
+    other line stays, and the page then passes."""
+    page = tmp_path / "page.md"
+    prose = ["# Models", "", "Which presets ship:", ""]
+    page.write_text("\n".join([*prose, "```console", "$ axoplan models", "stale line", "```", "", "The end.", ""]))
+    refresh(["page.md"], root=tmp_path)
+    fresh = _trimmed(run_cli("models").stdout)
+    assert page.read_text() == "\n".join([*prose, "```console", "$ axoplan models", *fresh, "```", "", "The end.",
+                                          ""])
+    (tmp_path / "run").mkdir()
+    assert all(_matches(ex.output or [], out) for ex, out in run_page("page.md", tmp_path / "run", tmp_path))
+
+
 def _inline_commands() -> list[tuple[str, str]]:
     """(page:line, command) of inline code in running text that calls axoplan with no placeholder
     (``...``, ``RUNS``, ``N``, ``|``, ``[``, ``<``), each command once (where it first appears)."""
@@ -399,14 +413,14 @@ def test_every_command_in_running_text_parses_and_a_whole_plan_runs(where: str, 
         assert r.returncode == 0, f"{where}: `{command}`: exit {r.returncode}: {r.stderr.strip()}"
 
 
-def refresh(pages: list[str]) -> None:
+def refresh(pages: list[str], root: Path = REPO) -> None:
     """Rewrite each compared output of `pages` with a fresh run, in place: only those lines change."""
     import tempfile
 
     for page in pages:
         with tempfile.TemporaryDirectory() as tmp:
-            compared = run_page(page, Path(tmp))
-        path = REPO / page
+            compared = run_page(page, Path(tmp), root)
+        path = root / page
         lines = path.read_text().splitlines(keepends=True)
         for ex, fresh in sorted(compared, key=lambda c: -c[0].output_lines[0]):
             assert ex.output is not None
