@@ -123,21 +123,25 @@ def test_without_every_class_no_section_is_written() -> None:
 
 @pytest.mark.slow
 def test_the_cpu_sweep_writes_a_section_every_value_in_range() -> None:
-    """The sweep on host tensors: every record kind but attention, which says why it was skipped; the section
-    written from it loads as local-cpu's kernels with every class in (0, 1]. Slow tier: 4-18 s on the 2-core
-    box, most of it torch.optim's first steps."""
+    """The sweep on host tensors: every record kind, attention on SDPA's CPU flash kernel only (the CUDA-only
+    backends say why they were skipped); the section written from it loads as local-cpu's kernels with every
+    class in (0, 1] and a flash curve. Slow tier: 4-18 s on the 2-core box, most of it torch.optim's first steps."""
     t0 = time.perf_counter()
     recs, notes = kernel_sweep(torch.device("cpu"), torch.float32, quick=True)
     assert time.perf_counter() - t0 < 60
     kinds = sorted({r["kind"] for r in recs})
-    assert kinds == ["cast", "elementwise", "gemm_unaligned", "loss", "memset", "optimizer", "reduction"]
+    assert kinds == ["attention", "attention_default", "cast", "elementwise", "gemm_unaligned", "loss", "memset",
+                     "optimizer", "reduction"]
+    attention = {(r["backend"], r["seq"], r["dtype"]) for r in recs if r["kind"] == "attention"}
+    assert attention == {("flash", 256, "float32")}  # --quick: one length
     assert {r["impl"] for r in recs if r["kind"] == "optimizer"} == {"AdamW fused fp32", "AdamW foreach fp32"}
     assert all(v > 0 for r in recs for k, v in r.items() if k.endswith(("_s", "_gbs")))
-    assert notes == ["attention: SDPA's flash, cudnn, efficient backends need CUDA; skipped on cpu"]
+    assert notes == ["attention: SDPA's cudnn, efficient backends need CUDA; skipped on cpu"]
     fragment = yaml.safe_load("\n".join(kernels_yaml(recs, notes, 10.0, 0.16, "local-cpu")))
     base = yaml.safe_load((machines_dir() / "local-cpu.yaml").read_text())
     kernels = Machine.model_validate(merge_fragment(base, {"kernels": fragment["kernels"]})).kernels
-    assert kernels is not None and kernels.attention == {} and kernels.derived == ()
+    assert kernels is not None and list(kernels.attention) == ["flash"] and kernels.derived == ()
+    assert kernels.attention["flash"].seq == (256,) and kernels.default_attention == "flash"
     assert all(0 < kernels.of(name) <= 1 for name in CLASSES)  # type: ignore[arg-type]
     assert 0 < kernels.unaligned_gemm_efficiency <= 1
 
@@ -150,7 +154,7 @@ def test_probe_quick_on_one_cpu_rank_through_the_entry_point(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert time.perf_counter() - t0 < 60  # --quick: under a minute
     text = out.read_text()
-    assert "# attention: SDPA's flash, cudnn, efficient backends need CUDA; skipped on cpu" in text
+    assert "# attention: SDPA's cudnn, efficient backends need CUDA; skipped on cpu" in text
     assert "probe: kernels 1/6" in done.stderr and "probe: GEMMs" in done.stderr  # progress on stderr
     assert len(yaml.safe_load(text)["gemm"]["table"]) == 8  # --quick: the grid's two ends, 64 and 1024
     merged = tmp_path / "measured-cpu.yaml"

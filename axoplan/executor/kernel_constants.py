@@ -146,8 +146,8 @@ def kernels_yaml(recs: list[dict[str, Any]], notes: list[str], hbm_gbs: float, p
     curves = c.get("attention") or {}
     default = c.get("default_attention")
     if default in curves:
-        lines.append(f"  default_attention: {default}  # the backend SDPA picks by itself for causal bf16 "
-                     "(torch._fused_sdp_choice)")
+        lines.append(f"  default_attention: {default}  # the backend SDPA picks by itself for the causal shapes "
+                     "timed (torch._fused_sdp_choice)")
     if curves:
         lines.append(f"  attention:  # {how['attention']}")
         for name, curve in curves.items():
@@ -185,9 +185,10 @@ def _how(recs: list[dict[str, Any]]) -> dict[str, str]:
         "memset": f"zero_ of {shape}" if fill else "",
         "unaligned": (f"[{gemm[0]['m']} x {gemm[0]['k']}] x [{gemm[0]['k']} x {gemm[0]['n']}] against width "
                       f"{gemm[0]['n_aligned']}, flop rate ratio" if gemm else ""),
-        "attention": ("causal forward+backward over peak, FlashAttention-2 flops, head_dim "
-                      f"{att[0]['head_dim']}, {{{','.join(str(h) for h in sorted({r['heads'] for r in att}))}}} "
-                      "heads (median), leaf-gradient adds taken off" if att else ""),
+        "attention": (f"causal {att[0].get('dtype', 'bfloat16')} forward+backward over peak, FlashAttention-2 "
+                      f"flops, head_dim {att[0]['head_dim']}, "
+                      f"{{{','.join(str(h) for h in sorted({r['heads'] for r in att}))}}} heads (median), "
+                      "leaf-gradient adds taken off" if att else ""),
     }
 
 

@@ -11,7 +11,8 @@ whose output width is not a multiple of 8 beside the aligned one.
 
 Timing: on a GPU, CUDA events around back-to-back calls after warm-up calls, the mean per call (as ``micro.py``);
 on a CPU the wall clock likewise. Element-wise kernels run in the probe's dtype (bf16 on a GPU, fp32 on a
-CPU, where bf16 arithmetic is emulated); attention needs CUDA and is skipped elsewhere with a note.
+CPU, where bf16 arithmetic is emulated); attention in bf16 on a GPU, in the probe's dtype elsewhere, where
+only SDPA's flash backend runs (the cudnn and efficient backends need CUDA: skipped with a note).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ __all__ = ["SweepSizes", "sweep_sizes", "kernel_sweep", "ATTENTION_BACKENDS"]
 
 ATTENTION_BACKENDS = ("flash", "cudnn", "efficient")
 """SDPA's fused backends, by the names a machine's ``kernels.attention`` uses."""
+CUDA_ONLY = ("cudnn", "efficient")
+"""The backends without a CPU kernel (PyTorch has a CPU flash attention)."""
 
 Record = dict[str, Any]
 Progress = Callable[[str], None]
@@ -66,7 +69,8 @@ def sweep_sizes(gpu: bool, quick: bool) -> SweepSizes:
             heads=(32,) if quick else (32, 16), head_dim=128, unaligned=(8192, 2048, 50257, 50304),
             reps=5 if quick else 10, warmup=2 if quick else 3)
     return SweepSizes(rows=1024, hiddens=(2048,) if quick else (2048, 4096), cast_elements=1 << 22,
-                      adamw_params=1 << 21, loss_tokens=64, vocabs=(32000,), attention=(), heads=(), head_dim=64,
+                      adamw_params=1 << 21, loss_tokens=64, vocabs=(32000,),
+                      attention=((256, 4),) if quick else ((256, 4), (1024, 1)), heads=(4,), head_dim=64,
                       unaligned=(256, 256, 4001, 4032), reps=3, warmup=1)
 
 
@@ -93,16 +97,14 @@ def kernel_sweep(device: torch.device, dtype: torch.dtype, quick: bool = False,
         say(f"kernels {i}/{len(stages) + 1}: {what}, {time.perf_counter() - t0:.1f} s")
         _free(device)
     t0 = time.perf_counter()
-    if device.type == "cuda":
-        try:
-            attention, skipped = _attention(device, sizes, say)
-        except RuntimeError as exc:  # out of memory for the tensors themselves
-            attention, skipped = [], [f"attention: not measured ({_first_line(exc)})"]
-        records += attention
-        notes += skipped
-    else:
-        notes.append(f"attention: SDPA's {', '.join(ATTENTION_BACKENDS)} backends need CUDA; skipped on "
-                     f"{device.type}")
+    if device.type != "cuda":
+        notes.append(f"attention: SDPA's {', '.join(CUDA_ONLY)} backends need CUDA; skipped on {device.type}")
+    try:
+        attention, skipped = _attention(device, torch.bfloat16 if device.type == "cuda" else dtype, sizes, say)
+    except RuntimeError as exc:  # out of memory for the tensors themselves
+        attention, skipped = [], [f"attention: not measured ({_first_line(exc)})"]
+    records += attention
+    notes += skipped
     say(f"kernels {len(stages) + 1}/{len(stages) + 1}: attention, {time.perf_counter() - t0:.1f} s")
     return records, notes
 
@@ -201,27 +203,29 @@ def _linear_s(x: torch.Tensor, width: int, device: torch.device, dtype: torch.dt
     return _timed(lambda: F.linear(x, w), device, s.reps, s.warmup)
 
 
-def _attention(device: torch.device, s: SweepSizes, say: Progress) -> tuple[list[Record], list[str]]:
-    """Causal bf16 SDPA forward+backward on leaf q, k, v, per backend, sequence length and head count."""
+def _attention(device: torch.device, dtype: torch.dtype, s: SweepSizes,
+               say: Progress) -> tuple[list[Record], list[str]]:
+    """Causal SDPA forward+backward on leaf q, k, v, per backend, sequence length and head count."""
     records: list[Record] = []
-    failed: dict[str, str] = {}
+    skipped = dict.fromkeys(CUDA_ONLY, "needs CUDA") if device.type != "cuda" else {}
+    failed = dict(skipped)
     for heads in s.heads:
         for seq, batch in s.attention:
-            records += _attention_at(heads, seq, batch, device, s, failed, first=not records)
+            records += _attention_at(heads, seq, batch, device, dtype, s, failed, first=not records)
             say(f"  attention {heads} heads, {seq} tokens: "
                 f"{', '.join(n for n in ATTENTION_BACKENDS if n not in failed) or 'no backend ran'}")
             _free(device)
-    return records, [f"attention {name}: not measured ({why})" for name, why in failed.items()]
+    return records, [f"attention {name}: not measured ({why})" for name, why in failed.items() if name not in skipped]
 
 
-def _attention_at(heads: int, seq: int, batch: int, device: torch.device, s: SweepSizes, failed: dict[str, str],
-                  first: bool) -> list[Record]:
+def _attention_at(heads: int, seq: int, batch: int, device: torch.device, dtype: torch.dtype, s: SweepSizes,
+                  failed: dict[str, str], first: bool) -> list[Record]:
     """One shape on every backend not yet `failed` (a backend that raises is noted there and not tried again)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    q = torch.randn(batch, heads, seq, s.head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(batch, heads, seq, s.head_dim, device=device, dtype=dtype, requires_grad=True)
     k = torch.randn_like(q, requires_grad=True)
     v = torch.randn_like(q, requires_grad=True)
     go = torch.randn_like(q)
@@ -241,7 +245,8 @@ def _attention_at(heads: int, seq: int, batch: int, device: torch.device, s: Swe
             failed[name] = _first_line(exc)
             continue
         records.append({"kind": "attention", "backend": name, "batch": batch, "heads": heads,
-                        "head_dim": s.head_dim, "seq": seq, "causal": True, "fwd_bwd_s": seconds})
+                        "head_dim": s.head_dim, "seq": seq, "causal": True, "dtype": _name(dtype),
+                        "fwd_bwd_s": seconds})
     return records
 
 
