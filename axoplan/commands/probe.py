@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -74,6 +75,7 @@ def probe(
     from axoplan.fileio import check_writable
 
     check_writable(out, force)
+    started = time.perf_counter()
     config_plan, peak, machine_name, base = _peak(plan, machine)
     config = _config(config_plan, gemm_sizes, min_kib, max_mib, repeats, timeout, device.value, dtype.value)
     config = config.model_copy(update={"orientations": _orientations(orientations, config_plan is not None),
@@ -89,7 +91,7 @@ def probe(
         result = _probe_in_launcher(config, env)
         if result is None:
             return
-    _write(out, result, peak, machine_name, base, force)
+    _write(out, result, peak, machine_name, base, force, time.perf_counter() - started)
 
 
 def _peak(plan: Path | None, machine: str | None) -> tuple[Any, float, str, dict[str, Any]]:
@@ -183,7 +185,8 @@ def _probe_in_launcher(config: Any, env: Any) -> Any:
     return ProbeResult.model_validate_json(text) if text is not None else None
 
 
-def _write(out: Path, result: Any, peak: float, machine: str, base: dict[str, Any], force: bool) -> None:
+def _write(out: Path, result: Any, peak: float, machine: str, base: dict[str, Any], force: bool,
+           seconds: float) -> None:
     import yaml
 
     from axoplan.executor.fragment import merge_fragment, render_fragment
@@ -196,7 +199,8 @@ def _write(out: Path, result: Any, peak: float, machine: str, base: dict[str, An
     Machine.model_validate(merge_fragment(base, yaml.safe_load(text)))  # what we write must load
     write_text_atomic(out, text, force=force)
     typer.echo(text, nl=False)
-    typer.echo(f"wrote {out}: {len({(c.stride, c.size) for c in result.collectives})} bandwidth rows, "
+    typer.echo(f"wrote {out} after {seconds:.0f} s: {len({(c.stride, c.size) for c in result.collectives})} "
+               "bandwidth rows, "
                f"{len(result.gemms)} GEMM points, {len(result.kernel_records)} kernel records; merge it into a "
                "machine YAML (docs/executor.md)", err=True)
 
