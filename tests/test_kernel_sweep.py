@@ -71,6 +71,16 @@ def test_each_class_by_hand() -> None:
     assert c["default_attention"] == "cudnn"
 
 
+def test_fp32_attention_takes_off_fp32_leaf_adds() -> None:
+    """A CPU probe times attention in fp32: its three leaf-gradient adds move 12 bytes per element, not 6."""
+    bf16 = _attention(32, 0.5)
+    adds_bf16 = 18 * 32 * 1024 * 128 / (0.8 * HBM_GBS * 1e9)
+    fp32 = {**bf16, "dtype": "float32", "backend": "flash", "fwd_bwd_s": bf16["fwd_bwd_s"] + adds_bf16}
+    ew = _records()[:3]
+    curves = kernel_constants([*ew, {**bf16, "dtype": "bfloat16"}, fp32], HBM_GBS, PEAK_TFLOPS)["attention"]
+    assert curves == {"cudnn": {"seq": [1024], "efficiency": [0.5]}, "flash": {"seq": [1024], "efficiency": [0.5]}}
+
+
 def test_a_loss_its_casts_explain_is_infinite_and_written_capped_at_one() -> None:
     recs = [r if r["kind"] != "loss" else {**r, "upcast_fwd_bwd_s": 0.02} for r in _records()]  # < the 27.5 ms
     assert math.isinf(kernel_constants(recs, HBM_GBS, PEAK_TFLOPS)["loss"])

@@ -7,11 +7,11 @@ session (``data/measured/gpu-h100-h200/micro.py``, ``micro2.py``) and ``axoplan 
 Each memory-bound class's efficiency is the bytes its kernel must move over the time it took, over the HBM
 bandwidth (datasheet). The attention curves are the fused kernels' forward+backward TFLOP/s over peak (the
 FlashAttention-2 convention, causal: forward ``4·b·s²·h·d/2``, backward 2.5× that), after taking off the
-time the benchmark spent accumulating q, k and v's gradients into their leaf tensors (three bf16 adds of
-``b·h·s·d`` elements, 6 bytes each, at the element-wise efficiency): the benchmark calls ``backward`` on leaf
-tensors, so from the second call on autograd adds into ``.grad``. The loss's efficiency takes off its two
-casts (12 bytes per logit at the cast's efficiency) and the same leaf accumulation (6 bytes per logit),
-leaving the ledger's loss ops (``LOSS_BYTES_PER_LOGIT``).
+time the benchmark spent accumulating q, k and v's gradients into their leaf tensors (three adds of
+``b·h·s·d`` elements, 6 bytes each in bf16, 12 in fp32, at the element-wise efficiency): the benchmark
+calls ``backward`` on leaf tensors, so from the second call on autograd adds into ``.grad``. The loss's
+efficiency takes off its two casts (12 bytes per logit at the cast's efficiency) and the same leaf
+accumulation (6 bytes per logit), leaving the ledger's loss ops (``LOSS_BYTES_PER_LOGIT``).
 
 ``kernels_yaml`` writes the section the probe's fragment carries: each value capped to the machine schema's
 ``(0, 1]`` (a comment says where), with what was timed and how in comments.
@@ -106,6 +106,10 @@ def _loss_efficiency(r: dict[str, Any], cast_eff: float, ew_eff: float, bw: floa
     return LOSS_BYTES_PER_LOGIT * logits / rest / bw if rest > 0 else math.inf
 
 
+_ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+"""Bytes per element of the dtypes attention is timed in (``micro.py``'s records have no dtype: bf16)."""
+
+
 def attention_curves(recs: list[dict[str, Any]], bw: float, peak_tflops: float, ew_eff: float) -> dict[str, Any]:
     """Per backend, the median over head counts of forward+backward efficiency at each sequence length."""
     curves: dict[str, dict[int, list[float]]] = {}
@@ -113,7 +117,8 @@ def attention_curves(recs: list[dict[str, Any]], bw: float, peak_tflops: float, 
         if r["kind"] != "attention" or "error" in r:
             continue
         fwd_flops = 4.0 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"] / 2.0
-        accumulate = 3.0 * 6.0 * r["batch"] * r["heads"] * r["seq"] * r["head_dim"] / (bw * ew_eff)
+        add_bytes = 3.0 * _ITEM_BYTES.get(r.get("dtype", "bfloat16"), 2)  # read .grad and the new one, write
+        accumulate = 3.0 * add_bytes * r["batch"] * r["heads"] * r["seq"] * r["head_dim"] / (bw * ew_eff)
         rest = r["fwd_bwd_s"] - accumulate
         eff = 3.5 * fwd_flops / rest / (peak_tflops * 1e12) if rest > 0 else math.inf
         curves.setdefault(r["backend"], {}).setdefault(r["seq"], []).append(eff)
