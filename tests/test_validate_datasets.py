@@ -84,9 +84,10 @@ def test_the_untuned_a100s_on_llm_foundrys_fsdp_runs() -> None:
     runs inside their 80 % interval as issue 22 made it (target 70-90 %: the machine's parameter spread and the
     10 % model error).
 
-    Issue 29 widens an untuned interval by how far it reaches beyond what was measured: these profiles are counted,
-    not traced (sigma 0.32, docs/decisions.md), and with that every run is inside (100 %): issue 29's 70-90 % is
-    missed by over-covering (docs/validate.md), asserted here so that a change shows."""
+    Issue 29 widens an untuned interval by how far it reaches beyond what was measured. PyTorch FSDP is counted, not
+    traced, but these are the very runs its profile was held against on these devices (``measured_on``), so the
+    shipped interval is not widened here and covers the same 70-90 % (decided after a first rule widened it for
+    every counted profile and covered 100 %: docs/decisions.md)."""
     import numpy as np
 
     from axoplan.inputs.machine import ParameterUncertainty
@@ -112,7 +113,7 @@ def test_the_untuned_a100s_on_llm_foundrys_fsdp_runs() -> None:
     assert len(errors) == 139
     assert abs(np.abs(errors).mean() - 9.7) <= 1.5 and abs(np.mean(errors) + 7.2) <= 1.5
     assert 0.70 <= np.mean(inside) <= 0.90
-    assert np.mean(widened) == 1.0
+    assert 0.70 <= np.mean(widened) <= 0.90 and widened == inside
 
 
 def test_cpu_intervals_cover_70_to_90_percent_of_plans_no_fit_saw() -> None:

@@ -110,6 +110,10 @@ class FrameworkProfile(Frozen):
         "its code): every op's class, bytes, flops and saved tensors, priced by axoplan.cost.ledger; its host ops, "
         "kernels, non-GEMM time, optimizer and activation memory replace block, head and the memory rules' "
         "activation terms.")
+    measured_on: tuple[str, ...] = Field(
+        (), description="Devices (machine YAMLs' device.name) on which measured steps of this framework's code were "
+        "held against the model (data/measured/): there a counted profile's error is the one measured, and its "
+        "interval does not widen for reach (axoplan.uncertainty.reach).")
     axonn_path: Literal["megatron", "hf"] | None = Field(
         None, description="The AxoNN path this framework's code is (hf: Hugging Face's eager model, which AxoNN's "
         "Hugging Face path runs; a run under it is priced on that path); None: whichever --axonn-path says.")

@@ -9,10 +9,11 @@ log space, and the terms add in quadrature (independent sources of error)::
 The reaches, each sigma with its source (``docs/decisions.md``, "Issue 29: intervals that widen with reach",
 written before any coverage with them was computed):
 
-* **framework counted, not traced** (a profile without a ``ledger``): :data:`SIGMA_COUNTED` = 0.32,
-  ``ln(1/(1 − 0.275))``: the counted model predicted all 16 held-out eager Hugging Face steps on the H100/H200
-  too fast, 27.5 % on average (issue 29). A counted profile reads none of the ledger's inputs, so the three
-  terms below do not apply to it;
+* **framework counted, not traced** (a profile without a ``ledger``), on a device its steps were never measured
+  on (``FrameworkProfile.measured_on``: Megatron-DeepSpeed on the A100 40 GB by vTrain's runs, PyTorch FSDP on
+  both A100s by llm-foundry's): :data:`SIGMA_COUNTED` = 0.32, ``ln(1/(1 − 0.275))``: the counted model predicted
+  all 16 held-out eager Hugging Face steps on the H100/H200 too fast, 27.5 % on average (issue 29). A counted
+  profile reads none of the ledger's inputs, so the three terms below do not apply to it;
 * **device's op classes never measured** (a ledger framework on a machine without ``kernels:``):
   :data:`SIGMA_UNMEASURED` = 0.21, the spread (log standard deviation, n − 1) of the six op-class shares of HBM
   bandwidth measured on the H100 around any one number;
@@ -87,8 +88,11 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
     def flat(what: str, sigma: float) -> Reach:
         return Reach(what, np.full(size, sigma))
 
-    ledger = load_framework(options.framework).ledger
+    profile = load_framework(options.framework)
+    ledger = profile.ledger
     if ledger is None:
+        if machine.device.name in profile.measured_on:
+            return ()  # its steps on this device were measured: the model's own error stands
         return (flat("framework counted, not traced", SIGMA_COUNTED),)
     found = []
     kernels = machine.kernels
