@@ -530,9 +530,9 @@ BASE = {"B": 2, "S": 16, "H": 32, "NH": 4, "KV": 2, "F": 48, "V": 40}
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", required=True, choices=["gpt2", "llama", "gpt-neox", "mixtral"])
-    ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16"],
+    ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16", "fp32"],
                     help="autocast: fp32 weights under bf16 autocast (Trainer(bf16=True)); "
-                    "bf16: bf16 weights and states")
+                    "bf16: bf16 weights and states; fp32: float32 throughout (the executor on a CPU)")
     ap.add_argument("--framework", default="hf", choices=["hf", "executor"],
                     help="hf: Hugging Face transformers' model; executor: axoplan's own (axoplan/executor)")
     ap.add_argument("--out", type=Path, default=None)
@@ -547,7 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.family == "gpt-neox":  # rotary on a quarter of each head: whole even dimensions at every doubling
         base.update(H=64)
     ledger = derive(args.family, args.precision, base, args.framework)
-    name = "executor" if args.framework == "executor" else f"hf-{args.precision}"
+    if args.precision == "fp32" and args.framework != "executor":
+        raise SystemExit("--precision fp32 is the executor's CPU dtype; Hugging Face steps are autocast or bf16")
+    name = ("executor" + ("-fp32" if args.precision == "fp32" else "")) if args.framework == "executor" \
+        else f"hf-{args.precision}"
     doc = {
         "profile": name, "family": args.family,
         "made_by": "python benchmarks/derive_ledger.py " + " ".join(sys.argv[1:] if argv is None else argv),

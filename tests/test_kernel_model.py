@@ -143,7 +143,7 @@ def test_a_cpu_device_pays_its_host_overhead_on_top_of_the_work() -> None:
     c = Candidates.single(Layout(1, 1, 1, 1), 1, False, False)
     opts = RunOptions(global_batch=1, seq_len=32, micro_batches=(1,), framework="axoplan-executor")
     col = predict(TINY, cpu, opts, c).columns
-    ledger = load_ledger(str(load_framework("axoplan-executor").ledger), "gpt2")
+    ledger = load_ledger(str(load_framework("axoplan-executor").ledger_for("cpu")), "gpt2")
 
     def ops_of(scope: str) -> int:
         return sum(op.count for op in ledger.ops(scope))

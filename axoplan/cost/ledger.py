@@ -20,7 +20,8 @@ routine, ``shared/design/house-style.md`` §7):
 * an attention entry by its flops (the causal half, the FlashAttention-2 convention) at its backend's
   measured curve in sequence length;
 * a GEMM entry is counted (kernels, host ops) but priced by the tile model with the 4D linear it belongs to
-  (``axoplan.cost.layers``), where its collectives overlap with it;
+  (``axoplan.cost.layers``), where its collectives overlap with it, except a mixture's grouped expert GEMM, which
+  no 4D linear holds: the ledger prices it, at the fp32 CUDA-core peak where it runs in fp32;
 * a view costs the host an op and the device nothing.
 
 The ledger's work runs where AxoNN's Hugging Face path runs it (``docs/algorithm.md`` §4b): on the GPU's own
@@ -81,6 +82,12 @@ class LedgerOp:
     flops: tuple[Term, ...] = ()
     axis: str | None = None
     dtype: str = "bf16"  # a GEMM's operands: bf16 on the tensor cores, fp32 on the CUDA cores
+
+    @property
+    def grouped(self) -> bool:
+        """A grouped GEMM over a mixture's experts (transformers' ``_grouped_mm``): no 4D linear holds it, so the
+        ledger prices it (at its dtype's peak); every other GEMM is a linear's, priced by the tile model."""
+        return self.op.lstrip("_").startswith("grouped_mm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,10 +266,11 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             if op.op_class == "view":
                 continue
             kernels[scope] += op.count
-            if op.op_class == "gemm" and op.dtype != "fp32":
+            if op.op_class == "gemm" and not op.grouped:
                 continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
-            if op.op_class == "gemm":  # fp32 on the CUDA cores (transformers' grouped experts under autocast)
-                t = op.count * _evaluate(op.flops, sym, shard) / (machine.peak_fp32_flops * machine.gemm.max_efficiency)
+            if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
+                peak = machine.peak_fp32_flops if op.dtype == "fp32" else machine.peak_flops
+                t = op.count * _evaluate(op.flops, sym, shard) / (peak * machine.gemm.max_efficiency)
             elif op.op_class == "attention":
                 t = op.count * 0.5 * _evaluate(op.flops, sym, shard) / attn_rate  # the causal half
             else:

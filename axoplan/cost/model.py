@@ -97,9 +97,10 @@ def _priced_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine
                    c: Candidates) -> LedgerCost | None:
     """The framework's op ledger priced for every candidate, or None for a profile without one. Its attention runs
     on the backend SDPA picks on the device (``Machine.kernels.default_attention``)."""
-    if profile.ledger is None:
+    name = profile.ledger_for(machine.device.kind)
+    if name is None:
         return None
-    ledger = load_ledger(profile.ledger, shipped_family(profile.ledger, ledger_family(model)))
+    ledger = load_ledger(name, shipped_family(name, ledger_family(model)))
     return price_ledger(ledger, machine, model, options.seq_len, c, hf_path=options.hf_path)
 
 

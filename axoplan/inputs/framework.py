@@ -110,6 +110,9 @@ class FrameworkProfile(Frozen):
         "its code): every op's class, bytes, flops and saved tensors, priced by axoplan.cost.ledger; its host ops, "
         "kernels, non-GEMM time, optimizer and activation memory replace block, head and the memory rules' "
         "activation terms.")
+    cpu_ledger: str | None = Field(
+        None, description="The ledger on a CPU 'device', where the code runs another dtype (axoplan's executor: "
+        "float32 on a CPU, bf16 on a GPU); None: `ledger` everywhere.")
     measured_on: tuple[str, ...] = Field(
         (), description="Devices (machine YAMLs' device.name) on which measured steps of this framework's code were "
         "held against the model (data/measured/): there a counted profile's error is the one measured, and its "
@@ -143,6 +146,10 @@ class FrameworkProfile(Frozen):
         if self.ledger is None and (self.block is None or self.head is None):
             raise ValueError("a profile without a ledger gives block and head counts")
         return self
+
+    def ledger_for(self, device_kind: str) -> str | None:
+        """The op ledger this framework runs on a device of `device_kind` ('gpu' or 'cpu')."""
+        return self.cpu_ledger if device_kind == "cpu" and self.cpu_ledger else self.ledger
 
     @property
     def kernels_per_block(self) -> tuple[int, int]:
