@@ -59,8 +59,8 @@ def probe(
         "--kernels/--no-kernels", help="Time every op class the ledger prices (element-wise, norms, activation, "
                                        "cast, row sums, fills, loss, AdamW, attention per SDPA backend).")] = True,
     quick: Annotated[bool, typer.Option(
-        "--quick", help="Fewer shapes (under a minute on one GPU): GEMM grid ends only, one size per op class, "
-                        "three attention lengths at 32 heads.")] = False,
+        "--quick", help="Fewer shapes, meant for under a minute on one GPU: the GEMM grid's ends, one size per op "
+                        "class, three attention lengths at 32 heads, GPU messages up to 64 MiB.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds any collective may wait.")] = 60.0,
     device: Annotated[_Device, typer.Option("--device", help="auto: cuda when available.")] = _Device.auto,
     dtype: Annotated[_Dtype, typer.Option("--dtype", help="auto: bfloat16 on GPU, float32 on CPU.")] = _Dtype.auto,
