@@ -139,7 +139,7 @@ def _cost_cell(tokens: int, k: int) -> Cell:
 
 def _reach_note(r: Ranking, i: int) -> str | None:
     """What widened the first row's interval beyond the model's error (axoplan.uncertainty.reach)."""
-    from axoplan.uncertainty.reach import ranking_note
+    from axoplan.uncertainty.intervals import ranking_note
 
     return ranking_note(r, i)
 

@@ -38,10 +38,9 @@ import numpy as np
 from axoplan.inputs.machine import Machine, load_machine
 from axoplan.inputs.machine_params import with_values
 from axoplan.report import plural, text_table
-from axoplan.uncertainty.reach import plan_reach_sigma
 from axoplan.validate.calibrate import calibrate, split_holdout
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
-from axoplan.validate.coverage import coverage, cross_validated
+from axoplan.validate.coverage import coverage, cross_validated, plan_reach_sigma
 from axoplan.validate.records import Measured, load_runs
 from axoplan.validate.report import format_calibration
 from axoplan.validate.sensitivity import sensitivity

@@ -65,7 +65,7 @@ def test_a_dividing_layout_is_runnable() -> None:
 
 @pytest.mark.parametrize(("layout", "model", "message"), [
     (Layout(3, 1, 1, 1), {}, r"Gx=3 does not divide every layer dimension sharded over X \(hidden 32, FFN 128\)"),
-    (Layout(1, 4, 1, 1), {"num_kv_heads": 2}, r"Gy=4 does not divide the 4 heads \(2 KV heads\)"),
+    (Layout(1, 4, 1, 1), {"num_kv_heads": 2}, r"Gy=4 does not divide the 2 KV heads \(grouped-query attention"),
     (Layout(1, 4, 1, 1), {"ffn_kind": "swiglu", "ffn_hidden": 6},
      r"Gy=4 does not divide every layer dimension sharded over Y \(hidden 32, FFN 6\)"),
 ])

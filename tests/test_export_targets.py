@@ -18,9 +18,9 @@ from typing import get_args
 
 import pytest
 
-from axoplan.executor.hardware import EXECUTOR_DEVICES, executor_drives
 from axoplan.executor.spec import ExecSettings
 from axoplan.export import JobSettings, SiteSettings, render_job_script
+from axoplan.inputs.launcher import EXECUTOR_DEVICES, executor_drives
 from axoplan.inputs.machine import load_machine, machines_dir
 from axoplan.inputs.options import RunOptions
 from axoplan.space.layout import Layout

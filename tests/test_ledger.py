@@ -204,7 +204,7 @@ def test_unaligned_vocabulary_runs_slower_only_where_a_device_measured_it() -> N
 
 @pytest.mark.parametrize(("path", "value", "message"), [
     (("kernels", "norm"), 7.0, "field 'kernels.norm' = 7"),
-    (("kernels", "attention", "cudnn", "efficiency", 0), 3.0, "every efficiency must be in (0, 1]"),
+    (("kernels", "attention", "cudnn", "efficiency", 0), 3.0, "field 'kernels.attention.cudnn.efficiency.0' = 3"),
 ])
 def test_an_impossible_op_class_constant_is_refused_in_one_line(tmp_path: Path, path: tuple, value: float,
                                                                   message: str) -> None:

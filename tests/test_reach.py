@@ -17,7 +17,7 @@ import pytest
 from axoplan.inputs.machine import load_machine
 from axoplan.inputs.model import PRESETS, ModelSpec
 from axoplan.inputs.options import RunOptions
-from axoplan.uncertainty.intervals import intervals
+from axoplan.uncertainty.intervals import intervals, widened_note
 from axoplan.uncertainty.reach import (
     SIGMA_COUNTED,
     SIGMA_DERIVED,
@@ -25,7 +25,6 @@ from axoplan.uncertainty.reach import (
     SIGMA_UNMEASURED,
     reach_sigma,
     reaches,
-    widened_note,
 )
 from axoplan.validate.compare import Predictor, aggregate
 from axoplan.validate.coverage import coverage

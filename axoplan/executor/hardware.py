@@ -19,25 +19,12 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import asdict, dataclass
-from typing import Any, Final, Literal
+from typing import Any
+
+from axoplan.inputs.launcher import EXECUTOR_DEVICES, TorchDevice, executor_drives
 
 __all__ = ["CpuIdentity", "cpu_identity", "parse_cpuinfo", "usable_cores", "gpu_name", "hardware_identity",
            "environment", "summary_lines", "TorchDevice", "EXECUTOR_DEVICES", "executor_drives"]
-
-TorchDevice = Literal["cuda", "xpu", "cpu"]
-"""PyTorch's device type of a machine's devices, as its PyTorch build reports them: 'cuda' for NVIDIA GPUs and
-for AMD GPUs (ROCm builds of PyTorch expose HIP through the ``torch.cuda`` API, with RCCL as 'nccl'), 'xpu' for
-Intel GPUs (``torch.xpu``, collectives through oneCCL as the 'xccl' backend), 'cpu' for CPU ranks."""
-
-EXECUTOR_DEVICES: Final[tuple[TorchDevice, ...]] = ("cuda", "cpu")
-"""The device types the executor drives: ``axoplan.executor.train.resolve_device`` picks ``torch.cuda`` when it
-is available (collectives through NCCL, or RCCL on ROCm) and otherwise the CPU (gloo); it has no 'xpu' path, so
-on Intel GPUs its ranks would run a CPU benchmark (``ExecSettings.device`` offers 'auto', 'cpu', 'cuda')."""
-
-
-def executor_drives(device: str) -> bool:
-    """Whether ``axoplan run`` can run a plan on devices of PyTorch type `device` ('cuda', 'xpu', 'cpu')."""
-    return device in EXECUTOR_DEVICES
 
 CPUINFO = "/proc/cpuinfo"
 

@@ -70,7 +70,7 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
 
 def _refuse_an_undrivable_payload(machine: Any, settings: JobSettings) -> None:
     """Without --command the scripts run `axoplan run`: refused where the executor cannot drive the devices."""
-    from axoplan.executor.hardware import EXECUTOR_DEVICES, executor_drives
+    from axoplan.inputs.launcher import EXECUTOR_DEVICES, executor_drives
 
     launcher = machine.launcher
     if settings.command is not None or launcher is None or executor_drives(launcher.torch_device):

@@ -33,13 +33,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from axoplan.errors import AxoplanError
 from axoplan.fileio import check_readable, read_text
-from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.plausible import MODEL_RANGES, check_plausible
-from axoplan.inputs.schema import describe_validation_error
 
 __all__ = ["read_hf_config", "READERS", "MOE_KEYS"]
 
@@ -57,8 +53,9 @@ class _Refused(Exception):
     """A key the reader does not understand: the message names it."""
 
 
-def read_hf_config(path: Path) -> ModelSpec:
-    """The ModelSpec of a Hugging Face ``config.json`` (AxoplanError, one line, for one axoplan cannot read)."""
+def read_hf_config(path: Path) -> Fields:
+    """The ModelSpec fields of a Hugging Face ``config.json``, checked for plausibility (AxoplanError, one line,
+    for one axoplan cannot read); ``axoplan.inputs.model.load_hf_config`` validates them into a ModelSpec."""
     check_readable(path, "model config")
     try:
         data = json.loads(read_text(path, "model config"))
@@ -77,10 +74,7 @@ def read_hf_config(path: Path) -> ModelSpec:
     fields["name"] = str(data.get("_name_or_path") or path.parent.name or path.stem)
     fields["source"] = f"Hugging Face config.json (model_type {data.get('model_type', 'not given')})"
     check_plausible(fields, MODEL_RANGES, str(path))
-    try:
-        return ModelSpec.model_validate(fields)
-    except ValidationError as err:
-        raise AxoplanError(describe_validation_error(err, str(path), ModelSpec)) from None
+    return fields
 
 
 def _reader(data: Config, path: Path) -> Callable[[Config], Fields]:

@@ -15,19 +15,34 @@ never a placeholder.
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import Field, model_validator
 
 from axoplan.errors import closest_hint
-from axoplan.executor.hardware import TorchDevice
 from axoplan.inputs.queues import QueueLimit
 from axoplan.inputs.schedulers import SchedulerName, scheduler
 from axoplan.inputs.schema import Frozen
 from axoplan.inputs.staging import StagingSpec
 
 __all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "PLACEHOLDER", "fill", "placeholders_in",
-           "placeholder_text"]
+           "placeholder_text", "TorchDevice", "EXECUTOR_DEVICES", "executor_drives"]
+
+TorchDevice = Literal["cuda", "xpu", "cpu"]
+"""PyTorch's device type of a machine's devices, as its PyTorch build reports them: 'cuda' for NVIDIA GPUs and
+for AMD GPUs (ROCm builds of PyTorch expose HIP through the ``torch.cuda`` API, with RCCL as 'nccl'), 'xpu' for
+Intel GPUs (``torch.xpu``, collectives through oneCCL as the 'xccl' backend), 'cpu' for CPU ranks."""
+
+EXECUTOR_DEVICES: tuple[TorchDevice, ...] = ("cuda", "cpu")
+"""The device types the executor drives: ``axoplan.executor.train.resolve_device`` picks ``torch.cuda`` when it
+is available (collectives through NCCL, or RCCL on ROCm) and otherwise the CPU (gloo); it has no 'xpu' path, so
+on Intel GPUs its ranks would run a CPU benchmark (``ExecSettings.device`` offers 'auto', 'cpu', 'cuda')."""
+
+
+def executor_drives(device: str) -> bool:
+    """Whether ``axoplan run`` can run a plan on devices of PyTorch type `device` ('cuda', 'xpu', 'cpu')."""
+    return device in EXECUTOR_DEVICES
+
 
 SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container", "queue", "net_plugin")
 """Values that belong to the user or the site: flags, AXOPLAN_* variables, YAML defaults, else ``<NAME>``."""
@@ -100,7 +115,7 @@ class LauncherSpec(Frozen):
     torch_device: TorchDevice = Field(
         "cuda", description="PyTorch's device type in the job's environment: 'cuda' (NVIDIA, and AMD through ROCm), "
                             "'xpu' (Intel GPUs) or 'cpu'. Where `axoplan run` cannot drive it "
-                            "(axoplan.executor.hardware.EXECUTOR_DEVICES), export requires --command.")
+                            "(EXECUTOR_DEVICES), export requires --command.")
 
     @model_validator(mode="after")
     def _check(self) -> LauncherSpec:

@@ -422,4 +422,8 @@ def load_hf_config(path: Path) -> ModelSpec:
     """A model from a Hugging Face ``config.json`` on disk, read by its family (``axoplan.inputs.hf_config``)."""
     from axoplan.inputs.hf_config import read_hf_config
 
-    return read_hf_config(path)
+    fields = read_hf_config(path)
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, str(path), ModelSpec)) from None

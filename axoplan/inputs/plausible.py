@@ -116,6 +116,8 @@ MACHINE_RANGES: dict[str, Range] = {
     "memory_efficiency": _FRACTION,
     **{f"kernels.{k}": _FRACTION for k in ("elementwise", "activation", "norm", "copy_cast", "reduction", "loss",
                                            "optimizer", "memset", "unaligned_gemm_efficiency")},
+    "kernels.attention.*.seq.*": Range("tokens", (1, 1 << 24), (16, 1 << 21)),  # * after attention: a backend's name
+    "kernels.attention.*.efficiency.*": _FRACTION,
     "host.op_us": Range("us", (1e-2, 1e4), (0.5, 1e3)),
     "host.launch_us": Range("us", (0, 1e4), (0, 100)),
     "measured_bandwidth.*.bandwidth_gbs": _LINK,
@@ -205,7 +207,13 @@ def _prior_rule(path: str, ranges: dict[str, Range]) -> Range | None:
 
 
 def _pattern(path: str) -> str:
-    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+    """The path with list positions, and the names under a mapping keyed by name (``kernels.attention.<backend>``),
+    as ``*``."""
+    parts = ["*" if part.isdigit() else part for part in path.split(".")]
+    for i in range(2, len(parts)):
+        if parts[i - 2:i] == ["kernels", "attention"]:
+            parts[i] = "*"
+    return ".".join(parts)
 
 
 def _leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -27,11 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["INTERVAL_COLUMNS", "suggest_indices", "machine_spread", "with_intervals", "PRIOR_REL_SIGMA",
-           "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities"]
+           "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities", "model_sigma", "widened_note",
+           "ranking_note"]
 
 if TYPE_CHECKING:
     from axoplan.inputs.machine import Machine
     from axoplan.search.ranking import Ranking
+    from axoplan.uncertainty.reach import Reach
 
 Floats = npt.NDArray[np.float64]
 DEFAULT_MODEL_SIGMA = 0.10
@@ -233,3 +235,30 @@ def suggest_indices(r: Ranking, k: int) -> list[int]:
                 seen.add(key)
                 chosen.append(int(i))
     return chosen
+
+
+def model_sigma(machine: Machine, found: Sequence[Reach], size: int) -> Floats:
+    """The time model's whole relative error per candidate: the machine's (fitted, else the default) and every
+    reach in quadrature (:mod:`axoplan.uncertainty.reach`)."""
+    from axoplan.uncertainty.reach import reach_sigma
+    _, base = machine_spread(machine)
+    return np.sqrt(base**2 + reach_sigma(machine, found, size) ** 2)
+
+
+def widened_note(machine: Machine, found: Sequence[Reach], i: int = 0) -> str | None:
+    """One line naming what widened candidate `i`'s interval and by how much (None where nothing did)."""
+    from axoplan.uncertainty.reach import calibrated
+    shown = [r for r in found if r.sigma[i] > 0]
+    if not shown or calibrated(machine):
+        return None
+    parts = "; ".join(f"{r.what} (+{100 * r.sigma[i]:.0f} %)" for r in shown)
+    total = float(model_sigma(machine, found, len(found[0].sigma))[i])
+    return (f"interval widened: {parts}: the time model's one-sigma error is {100 * total:.0f} %, not "
+            f"{100 * machine_spread(machine)[1]:.0f} % (docs/uncertainty.md, 'Reach')")
+
+
+def ranking_note(r: Ranking, i: int) -> str | None:
+    """:func:`widened_note` for candidate `i` of a ranking (``rank --wide``, ``explain``)."""
+    from axoplan.uncertainty.reach import reaches
+    cols = {k: np.asarray(v)[[i]] for k, v in r.prediction.columns.items()}
+    return widened_note(r.machine, reaches(r.model, r.options, r.machine, cols, 1))

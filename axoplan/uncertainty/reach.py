@@ -48,11 +48,9 @@ if TYPE_CHECKING:
     from axoplan.inputs.machine import Machine
     from axoplan.inputs.model import ModelSpec
     from axoplan.inputs.options import RunOptions
-    from axoplan.records.plan import LaunchConfig
-    from axoplan.search.ranking import Ranking
 
-__all__ = ["Reach", "reaches", "reach_sigma", "model_sigma", "plan_reach_sigma", "widened_note", "ranking_note",
-           "SIGMA_COUNTED", "SIGMA_UNMEASURED", "SIGMA_DERIVED", "SIGMA_FAMILY"]
+__all__ = ["Reach", "reaches", "reach_sigma", "beyond_attention_curve", "calibrated", "SIGMA_COUNTED",
+           "SIGMA_UNMEASURED", "SIGMA_DERIVED", "SIGMA_FAMILY"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -105,7 +103,7 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
     if family is None or used != family:
         named = f"model family {family} not" if family else "no model family"
         found.append(flat(f"{named} traced, priced with {used}'s op list", SIGMA_FAMILY))
-    beyond = _beyond_attention_curve(machine, options.seq_len)
+    beyond = beyond_attention_curve(machine, options.seq_len)
     if beyond is not None:
         what, per_doubling = beyond
         share = np.ones(size) if columns is None else _attention_share(columns)
@@ -122,7 +120,7 @@ def _traced_for(model: ModelSpec, ledger: str) -> str:
     return shipped_family(ledger, ledger_family(model))
 
 
-def _beyond_attention_curve(machine: Machine, seq_len: int) -> tuple[str, float] | None:
+def beyond_attention_curve(machine: Machine, seq_len: int) -> tuple[str, float] | None:
     """(what, sigma per unit of attention share) where `seq_len` lies beyond the ends of the attention curve the
     ledger prices with (the device's default backend), else None."""
     kernels = machine.kernels
@@ -151,58 +149,12 @@ def _attention_share(columns: Mapping[str, Floats]) -> Floats:
 def reach_sigma(machine: Machine, found: Sequence[Reach], size: int) -> Floats:
     """Every reach in quadrature, per candidate; zero on a calibrated machine. The interval's error is this and
     the machine's model error in quadrature (``axoplan.uncertainty.intervals.intervals``)."""
-    if _calibrated(machine):
+    if calibrated(machine):
         return np.zeros(size)
     return np.sqrt(sum((r.sigma**2 for r in found), np.zeros(size)))
 
 
-def model_sigma(machine: Machine, found: Sequence[Reach], size: int) -> Floats:
-    """The time model's whole relative error per candidate: the machine's (fitted, else the default) and every
-    reach in quadrature."""
-    from axoplan.uncertainty.intervals import machine_spread
-
-    _, base = machine_spread(machine)
-    return np.sqrt(base**2 + reach_sigma(machine, found, size) ** 2)
-
-
-def _calibrated(machine: Machine) -> bool:
+def calibrated(machine: Machine) -> bool:
+    """Whether the machine's model error was fitted (a calibrated machine is not widened)."""
     u = machine.uncertainty
     return u is not None and u.model_error is not None
-
-
-def plan_reach_sigma(plans: Sequence[LaunchConfig], machine: Machine) -> Floats:
-    """:func:`reach_sigma` for each of `plans` (measured plans of any models and options)."""
-    from axoplan.cost.model import predict
-    from axoplan.validate.compare import plan_candidates
-
-    out = np.empty(len(plans))
-    groups: dict[str, list[int]] = {}
-    for i, plan in enumerate(plans):
-        groups.setdefault(plan.model.model_dump_json() + plan.options.model_dump_json(), []).append(i)
-    for idx in groups.values():
-        first = plans[idx[0]]
-        found = reaches(first.model, first.options, machine, size=len(idx))
-        if _beyond_attention_curve(machine, first.options.seq_len) is not None:  # its share needs the prediction
-            cols = predict(first.model, machine, first.options, plan_candidates([plans[i] for i in idx])).columns
-            found = reaches(first.model, first.options, machine, cols, len(idx))
-        out[idx] = reach_sigma(machine, found, len(idx))
-    return out
-
-
-def widened_note(machine: Machine, found: Sequence[Reach], i: int = 0) -> str | None:
-    """One line naming what widened candidate `i`'s interval and by how much (None where nothing did)."""
-    from axoplan.uncertainty.intervals import machine_spread
-
-    shown = [r for r in found if r.sigma[i] > 0]
-    if not shown or _calibrated(machine):
-        return None
-    parts = "; ".join(f"{r.what} (+{100 * r.sigma[i]:.0f} %)" for r in shown)
-    total = float(model_sigma(machine, found, len(found[0].sigma))[i])
-    return (f"interval widened: {parts}: the time model's one-sigma error is {100 * total:.0f} %, not "
-            f"{100 * machine_spread(machine)[1]:.0f} % (docs/uncertainty.md, 'Reach')")
-
-
-def ranking_note(r: Ranking, i: int) -> str | None:
-    """:func:`widened_note` for candidate `i` of a ranking (``rank --wide``, ``explain``)."""
-    cols = {k: np.asarray(v)[[i]] for k, v in r.prediction.columns.items()}
-    return widened_note(r.machine, reaches(r.model, r.options, r.machine, cols, 1))

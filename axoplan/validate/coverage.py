@@ -15,11 +15,12 @@ import numpy as np
 
 from axoplan.errors import AxoplanError
 from axoplan.inputs.machine import Machine
+from axoplan.records.plan import LaunchConfig
 from axoplan.report import plural
 from axoplan.validate.compare import PlanRuns, Predictor, aggregate, scenario_key
 from axoplan.validate.records import Measured
 
-__all__ = ["Coverage", "coverage", "cross_validated", "format_coverage"]
+__all__ = ["Coverage", "coverage", "cross_validated", "format_coverage", "plan_reach_sigma"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,6 @@ def _inside(plans: Sequence[PlanRuns], machine: Machine, level: float) -> np.nda
     """Per plan: is its measured time inside `machine`'s central `level` interval?"""
     from axoplan.inputs.machine_params import parameter_value, with_values
     from axoplan.uncertainty.intervals import intervals, machine_spread, sensitivities
-    from axoplan.uncertainty.reach import plan_reach_sigma
 
     predictor = Predictor([p.plan for p in plans])
     spread, sigma = machine_spread(machine)
@@ -108,3 +108,23 @@ def format_coverage(c: Coverage, per_scenario: bool = True) -> str:
         lines.append(f"  per scenario ({len(shares)} of two or more plans): {min(shares):.0%} to {max(shares):.0%}, "
                      f"median {float(np.median(shares)):.0%}; without --summary-only each is listed")
     return "\n".join(lines)
+
+
+def plan_reach_sigma(plans: Sequence[LaunchConfig], machine: Machine) -> np.ndarray:
+    """:func:`reach_sigma` for each of `plans` (measured plans of any models and options)."""
+    from axoplan.cost.model import predict
+    from axoplan.uncertainty.reach import beyond_attention_curve, reach_sigma, reaches
+    from axoplan.validate.compare import plan_candidates
+
+    out = np.empty(len(plans))
+    groups: dict[str, list[int]] = {}
+    for i, plan in enumerate(plans):
+        groups.setdefault(plan.model.model_dump_json() + plan.options.model_dump_json(), []).append(i)
+    for idx in groups.values():
+        first = plans[idx[0]]
+        found = reaches(first.model, first.options, machine, size=len(idx))
+        if beyond_attention_curve(machine, first.options.seq_len) is not None:  # its share needs the prediction
+            cols = predict(first.model, machine, first.options, plan_candidates([plans[i] for i in idx])).columns
+            found = reaches(first.model, first.options, machine, cols, len(idx))
+        out[idx] = reach_sigma(machine, found, len(idx))
+    return out
