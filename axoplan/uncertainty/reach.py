@@ -15,7 +15,7 @@ written before any coverage with them was computed):
   all 16 held-out eager Hugging Face steps on the H100/H200 too fast, 27.5 % on average (issue 29). A counted
   profile reads none of the ledger's inputs, so the three terms below do not apply to it;
 * **device's op classes never measured** (a ledger framework on a machine without ``kernels:``):
-  :data:`SIGMA_UNMEASURED` = 0.21, the spread (log standard deviation, n − 1) of the six op-class shares of HBM
+  :data:`SIGMA_UNMEASURED` = 0.216, the spread (log standard deviation, n − 1) of the six op-class shares of HBM
   bandwidth measured on the H100 around any one number;
 * **device's op classes derived from another device** (``kernels.derived``, as the H200's copy/cast, loss and
   optimizer are the H100's): :data:`SIGMA_DERIVED` = 0.105, the RMS of ``ln(H200/H100)`` over the classes
@@ -57,9 +57,10 @@ Floats = npt.NDArray[np.float64]
 SIGMA_COUNTED = 0.32
 """A framework counted by hand, not traced: ln(1/(1 − 0.275)), issue 29's mean miss of the counted model on 16
 held-out eager steps (H100/H200) [decision, docs/decisions.md]."""
-SIGMA_UNMEASURED = 0.21
+SIGMA_UNMEASURED = 0.216
 """A device without measured op classes: log standard deviation of the H100's six measured shares of HBM
-bandwidth (0.869, 0.552, 0.511, 0.77, 0.783, 0.676; machines/dgx-h100.yaml) [decision, docs/decisions.md]."""
+bandwidth (0.869, 0.552, 0.511, 0.77, 0.783, 0.773; machines/dgx-h100.yaml; 0.21 with the optimizer's
+share on the earlier 28-byte convention, 0.676) [decision, docs/decisions.md]."""
 SIGMA_DERIVED = 0.105
 """Op classes taken from another device: RMS of ln(H200/H100) over the classes measured on both (element-wise,
 norm, activation: -3.9, -14.7, -7.6 %) [decision, docs/decisions.md]."""
