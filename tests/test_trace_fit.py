@@ -101,16 +101,16 @@ def test_the_h200_step_with_the_h100_shares_carried_over_within_10_percent(fit: 
     assert abs(predicted / measured - 1) <= 0.10, (predicted, measured)
 
 
-MIXTRAL_S_MISS = 0.11
-"""Issue 31's 'done when' asks 10 % on other architectures; the small Mixtral misses it (-10.8 %, untuned -8.5 %).
-Held at its measured miss so that a change that makes it worse fails; the issue's note says so."""
+MIXTRAL_S_MISS = 0.10
+"""Issue 31's 'done when': 10 % on other architectures. The small Mixtral is -8.1 % (untuned -8.5 %); it was -10.8 %
+while its fp32 expert GEMMs shared gemm.max_efficiency with the bf16 ones the trace calibrates."""
 
 
 def test_another_architecture_from_the_gpt2_calibration(fit: TraceFit) -> None:
     """The small Mixtral profile (profile-mixtral-s-h100.jsonl; tests/test_ledger.py's MIXTRAL_S, 8 experts, top-2,
-    experts in fp32 on the CUDA cores) on the GPT-2-calibrated H100: its step 0.5051 s, predicted 0.4505 s
-    (-10.8 %; untuned 0.4625 s, -8.5 %). The GPT-2 trace's bf16 tensor-core GEMMs raise gemm.max_efficiency
-    (0.745 -> 0.776), which the tile model applies to the experts' fp32 GEMMs too."""
+    experts in fp32 on the CUDA cores) on the GPT-2-calibrated H100: its step 0.5051 s, predicted 0.4642 s
+    (-8.1 %; untuned 0.4625 s, -8.5 %). The GPT-2 trace's bf16 tensor-core GEMMs raise gemm.max_efficiency
+    (0.745 -> 0.776); the experts' fp32 SIMT GEMMs keep gemm.fp32_efficiency, which no bf16 GEMM informs."""
     from axoplan.inputs.model import MoESpec
 
     mixtral_s = ModelSpec(name="mixtral-s", num_layers=8, hidden=1024, num_heads=16, num_kv_heads=8,

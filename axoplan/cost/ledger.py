@@ -266,8 +266,7 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             if op.op_class == "gemm" and not op.grouped:
                 continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
             if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
-                peak = machine.peak_fp32_flops if op.dtype == "fp32" else machine.peak_flops
-                t = op.count * _evaluate(op.flops, sym, shard) / (peak * machine.gemm.max_efficiency)
+                t = op.count * _evaluate(op.flops, sym, shard) / _gemm_rate(machine, op.dtype)
             elif op.op_class == "attention":
                 t = op.count * 0.5 * _evaluate(op.flops, sym, shard) / attn_rate  # the causal half
             else:
@@ -278,6 +277,15 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             seconds[key] = seconds.get(key, 0.0) + t
     saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
     return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_kernels, ledger.optimizer_bytes_per_param)
+
+
+def _gemm_rate(machine: Machine, dtype: str) -> float:
+    """Flop/s of a grouped GEMM in `dtype`: fp32 on the CUDA cores at ``gemm.fp32_efficiency`` of their peak (a SIMT
+    kernel, not the tensor cores', so calibrating those does not move it), bf16 at ``gemm.max_efficiency``."""
+    if dtype == "fp32":
+        eff = machine.gemm.fp32_efficiency or machine.gemm.max_efficiency
+        return machine.peak_fp32_flops * eff
+    return machine.peak_flops * machine.gemm.max_efficiency
 
 
 def _efficiency(machine: Machine, op_class: str) -> float:

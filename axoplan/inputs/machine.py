@@ -253,6 +253,9 @@ class GemmModel(Frozen):
     """
 
     max_efficiency: float = Field(gt=0, le=1)
+    fp32_efficiency: float | None = Field(
+        None, gt=0, le=1, description="Fraction of the fp32 CUDA-core peak a large fp32 GEMM reaches (SIMT kernels, "
+        "not the tensor cores max_efficiency describes); None: max_efficiency.")
     half_efficiency_dim: PositiveFloat = 96.0
     tiles: tuple[GemmTile, ...] = ()
     table: tuple[GemmPoint, ...] = ()

@@ -100,6 +100,7 @@ MACHINE_RANGES: dict[str, Range] = {
     "inter_node.scale_exponent": Range("(exponent)", (0, 1), (0, 0.5)),
     "inter_node.scale_reference_nodes": Range("nodes", (1, 1e6), (1, 1e4)),
     "gemm.max_efficiency": _FRACTION,
+    "gemm.fp32_efficiency": _FRACTION,
     "gemm.half_efficiency_dim": Range("elements", (1, 1e6), (1, 1e5)),
     "gemm.tiles.*.m": Range("rows", (1, 4096), (8, 1024)),
     "gemm.tiles.*.n": Range("columns", (1, 4096), (8, 1024)),
