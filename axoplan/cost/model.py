@@ -57,7 +57,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
-from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
+from axoplan.space.layout import sequences_per_micro_step
 
 __all__ = ["CollectiveTerm", "Prediction", "predict"]
 
@@ -82,8 +82,8 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
     dilation = _core_sharing(machine, c)
     ledger = _priced_ledger(profile, model, machine, options, c)
     layers = linear_layers(model, machine, options, c, groups, tokens, profile, dilation, ledger)
-    per_group = c.micro_batch * xy_batch_shards(c.gx, c.gy, options.hf_path)  # hf: every GPU its own sequences
-    n_micro = options.global_batch / sequences_per_micro_step(c.gdata, c.gz, per_group).astype(np.float64)
+    per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, options.hf_path)
+    n_micro = options.global_batch / per_step.astype(np.float64)
     terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile, machine)
     compute = compute_columns(layers, model, machine, c, n_micro, dilation, options, ledger)
     memory = memory_per_gpu(model, options, c, profile, ledger)

@@ -16,7 +16,7 @@ from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.inputs.schema import Frozen, describe_validation_error
 from axoplan.records.plan import LaunchConfig
-from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
+from axoplan.space.layout import sequences_per_micro_step
 
 __all__ = ["ExecSettings", "make_settings", "Scale", "scale_plan", "check_runnable", "check_world"]
 
@@ -87,8 +87,7 @@ def scale_plan(plan: LaunchConfig, scale: Scale) -> LaunchConfig:
     model = _scaled_model(plan.model, scale)
     accum = scale.grad_accum or plan.grad_accum_steps
     lay = plan.layout
-    per_group = plan.micro_batch * xy_batch_shards(lay.gx, lay.gy, plan.options.hf_path)
-    batch = sequences_per_micro_step(lay.gdata, lay.gz, per_group) * accum
+    batch = sequences_per_micro_step(lay.gx, lay.gy, lay.gz, lay.gdata, plan.micro_batch, plan.options.hf_path) * accum
     try:
         options = RunOptions.model_validate({**plan.options.model_dump(), "global_batch": batch,
                                              "seq_len": scale.seq_len or plan.options.seq_len})

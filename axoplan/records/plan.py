@@ -24,7 +24,7 @@ from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.inputs.schema import Frozen, describe_validation_error
 from axoplan.records.numbers import is_whole, json_numbers
-from axoplan.space.layout import Layout, sequences_per_micro_step, xy_batch_shards
+from axoplan.space.layout import Layout, sequences_per_micro_step
 
 __all__ = ["SCHEMA_VERSION", "LayoutSpec", "PredictedStep", "LaunchConfig", "plan_id", "plan_from_ranking"]
 
@@ -113,8 +113,8 @@ class LaunchConfig(Frozen):
               micro_batch: int, recompute: bool, cache_weights: bool,
               prediction: PredictedStep | None = None) -> LaunchConfig:
         """A plan for one layout; grad accumulation, nodes and the AxoNN arguments are derived."""
-        per_micro = sequences_per_micro_step(layout.gdata, layout.gz,
-                                             micro_batch * xy_batch_shards(layout.gx, layout.gy, options.hf_path))
+        per_micro = sequences_per_micro_step(layout.gx, layout.gy, layout.gz, layout.gdata, micro_batch,
+                                             options.hf_path)
         if options.global_batch % per_micro:
             what = "GPUs*micro-batch" if options.hf_path else "Gdata*Gz*micro-batch"
             raise AxoplanError(f"global batch {options.global_batch} is not divisible by {what} = {per_micro}")
@@ -168,8 +168,8 @@ def _contradiction(plan: LaunchConfig) -> str | None:
     if plan.nodes != nodes:
         return (f"field 'nodes' is {plan.nodes}, but {plan.world_size} GPUs at {plan.devices_per_node} per node "
                 f"need {nodes}")
-    per_group = plan.micro_batch * xy_batch_shards(lay.gx, lay.gy, opts.hf_path)
-    per_step = sequences_per_micro_step(lay.gdata, lay.gz, per_group) * plan.grad_accum_steps
+    per_step = sequences_per_micro_step(lay.gx, lay.gy, lay.gz, lay.gdata, plan.micro_batch,
+                                        opts.hf_path) * plan.grad_accum_steps
     if per_step != opts.global_batch:
         return (f"field 'grad_accum_steps': Gdata*Gz*micro_batch*grad_accum_steps = {per_step} is not the global "
                 f"batch {opts.global_batch} (options.global_batch)")

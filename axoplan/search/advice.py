@@ -22,7 +22,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.search.ranking import MAX_WORLD, Ranking, rank
-from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
+from axoplan.space.layout import sequences_per_micro_step
 
 __all__ = ["suggest_global_batches", "GOOD_FRACTION", "explain_infeasible", "smallest_feasible_world"]
 
@@ -38,8 +38,8 @@ def suggest_global_batches(r: Ranking, usable: np.ndarray, limit: int = 3) -> li
     """
     batch = r.options.global_batch
     c = r.candidates
-    per_group = c.micro_batch * xy_batch_shards(c.gx, c.gy, r.options.hf_path)
-    steps = sorted({int(v) for v in sequences_per_micro_step(c.gdata, c.gz, per_group)[usable]})
+    per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, r.options.hf_path)
+    steps = sorted({int(v) for v in per_step[usable]})
     tried = _candidate_batches(batch, steps)
     speed: dict[int, float] = {}
     for b in tried:

@@ -36,7 +36,7 @@ from axoplan.inputs.axes import label
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
-from axoplan.space.layout import sequences_per_micro_step, xy_batch_shards
+from axoplan.space.layout import sequences_per_micro_step
 
 __all__ = ["REASONS", "Feasibility", "check", "heads_not_divided"]
 
@@ -95,13 +95,13 @@ def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "n
             zblock |= (lin.params_per_copy // (c.gx * c.gy)) % c.gz != 0
     too_long = bool(model.max_positions) and options.seq_len > model.max_positions
     heads = (model.num_heads % c.gy != 0) | (model.kv_heads % c.gy != 0)
-    per_group = c.micro_batch * xy_batch_shards(c.gx, c.gy, options.hf_path)
     fails = {
         "positions": np.full(n, too_long),
         "dims-x": dims["x"],
         "dims-y": dims["y"],
         "heads": heads & (not options.hf_path),
-        "batch": options.global_batch % sequences_per_micro_step(c.gdata, c.gz, per_group) != 0,
+        "batch": options.global_batch % sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch,
+                                                                  options.hf_path) != 0,
         "moe": _moe_fails(model, options, c),
         "zblock": zblock,
         "memory": memory.does_not_fit if memory is not None else np.zeros(n, dtype=bool),
@@ -165,11 +165,10 @@ def heads_not_divided(model: ModelSpec, gy: int) -> str:
 
 def _batch(f: Feasibility, i: int) -> str:
     c = f.candidates
+    per = int(sequences_per_micro_step(c.gx[i], c.gy[i], c.gz[i], c.gdata[i], c.micro_batch[i], f.options.hf_path))
     if f.options.hf_path:
-        per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i] * c.gx[i] * c.gy[i]))
         return (f"global batch {f.options.global_batch} is not divisible by GPUs*micro-batch = {per} (on the hf path "
                 "every GPU holds its own sequences)")
-    per = int(sequences_per_micro_step(c.gdata[i], c.gz[i], c.micro_batch[i]))
     return f"global batch {f.options.global_batch} is not divisible by Gdata*Gz*micro-batch = {per}"
 
 

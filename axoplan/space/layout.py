@@ -23,7 +23,7 @@ from axoplan.errors import AxoplanError
 from axoplan.inputs.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims, order_name, parse_tp_order
 
 __all__ = ["AXES", "DEFAULT_ORDER", "Layout", "divisors", "ordered_factorizations", "parse_layout",
-           "sequences_per_micro_step", "xy_batch_shards"]
+           "sequences_per_micro_step"]
 
 IntArray = npt.NDArray[np.int64]
 IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
@@ -117,18 +117,15 @@ class Layout:
         return text if self.order == DEFAULT_ORDER else f"{text}/{order_name(self.order)}"
 
 
-def sequences_per_micro_step(gdata: IntLike, gz: IntLike, micro_batch: IntLike) -> IntLike:
-    """``Gdata·Gz·micro-batch``: the sequences one micro-step of a layout takes. Z shards the batch as
-    data parallelism does (each Z rank holds its own sequences), so the global batch must be a
-    multiple of this, and ``global batch / this`` is the gradient-accumulation count. Ints or arrays.
-    On AxoNN's Hugging Face path pass ``micro_batch · xy_batch_shards(...)``."""
-    return gdata * gz * micro_batch
-
-
-def xy_batch_shards(gx: IntLike, gy: IntLike, hf_path: bool) -> IntLike:
-    """How many ways an X·Y group splits its sequences: ``Gx·Gy`` on AxoNN's Hugging Face path (every GPU
-    holds its own: the Lightning strategy samples over the whole world), 1 on Megatron-AxoNN's."""
-    return gx * gy if hf_path else gx * 0 + 1
+def sequences_per_micro_step(gx: IntLike, gy: IntLike, gz: IntLike, gdata: IntLike, micro_batch: IntLike,
+                             hf_path: bool) -> IntLike:
+    """The sequences one micro-step of a layout takes: ``Gdata·Gz·micro-batch``, times ``Gx·Gy`` on AxoNN's
+    Hugging Face path. Z shards the batch as data parallelism does (each Z rank holds its own sequences); on the
+    hf path every GPU holds its own too (the Lightning strategy samples over the whole world), on Megatron-AxoNN's
+    an X·Y group shares its sequences. The global batch must be a multiple of this, and ``global batch / this`` is
+    the gradient-accumulation count (the one batch rule: cost model, feasibility, advice, plans, executor). Ints
+    or arrays."""
+    return gdata * gz * micro_batch * (gx * gy if hf_path else 1)
 
 
 def parse_layout(text: str) -> Layout:
