@@ -70,7 +70,10 @@ def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: P
     fragment = yaml.safe_load((out / "probe.yaml").read_text())
     assert fragment["gemm"]["table"] and fragment["measured_bandwidth"]
     assert {"elementwise", "norm", "loss", "optimizer", "derived"} <= set(fragment["kernels"])  # the op classes
-    for name in ("trace-executor", "trace-hf-gpt2", "trace-hf-llama"):  # one traced step each, after warm-up
+    hf = importlib.util.find_spec("transformers") is not None  # not a dependency: the HF traces only where it is
+    traces = ("trace-executor", "trace-hf-gpt2", "trace-hf-llama") if hf else ("trace-executor",)
+    assert hf or not list(out.glob("trace-hf-*"))
+    for name in traces:  # one traced step each, after warm-up
         events = json.loads(gzip.decompress((out / f"{name}.json.gz").read_bytes()))["traceEvents"]
         steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
         assert len(steps) == 1 and sum(e.get("cat") == "cpu_op" for e in events) > 100, name
@@ -79,12 +82,16 @@ def test_rehearsal_on_cpu_ranks_writes_probe_records_and_environment(tmp_path: P
     assert env["started"] <= env["finished"] and "--gpus 2" in env["command"]
     assert env["cpu"] == cpu_identity().as_dict() and env["cpu"]["model_name"]  # the host CPU, from the one reader
     assert env["gpu"] is None and env["python"]  # CPU ranks: no GPU named
-    assert sorted(env["files"]) == ["probe.yaml", "runs.jsonl", "trace-executor.json.gz", "trace-hf-gpt2.json.gz",
-                                    "trace-hf-llama.json.gz"]  # every file written, with how it was made
+    written = ["probe.yaml", "runs.jsonl", "trace-executor.json.gz"]
+    written += ["trace-hf-gpt2.json.gz", "trace-hf-llama.json.gz"] if hf else ["trace-hf-*.json.gz"]
+    assert sorted(env["files"]) == sorted(written)  # every file written (or not, and why), with how it was made
     assert env["files"]["probe.yaml"]["how"].startswith("axoplan probe --local 2 --machine dgx-h100")
     assert "framework axoplan-executor" in env["files"]["trace-executor.json.gz"]["what"]
-    assert env["files"]["trace-hf-llama.json.gz"]["config"]["num_key_value_heads"] == 2
-    assert env["framework"] == "axoplan-executor" and env["transformers"]
+    if hf:
+        assert env["files"]["trace-hf-llama.json.gz"]["config"]["num_key_value_heads"] == 2
+    else:
+        assert env["files"]["trace-hf-*.json.gz"] == "not written: transformers is not installed"
+    assert env["framework"] == "axoplan-executor" and bool(env["transformers"]) == hf
     assert "MAPE" in done.stdout and "10 plans measured on dgx-h100" in done.stdout
 
 
