@@ -314,3 +314,14 @@ def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_trac
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "Op ledger by class" in done.stdout
+
+
+def test_another_moe_module_under_transformers_code_is_refused_not_priced_twice() -> None:
+    """hf-transformers' Mixtral ledger prices transformers' grouped experts; AxoNN's native module (or its Mixtral
+    patch) would add its own expert GEMMs beside them, so the pair is refused in one line."""
+    from axoplan.errors import AxoplanError
+
+    options = RunOptions(global_batch=8, seq_len=2048, micro_batches=(8,), framework="hf-transformers",
+                         moe_impl="native")
+    with pytest.raises(AxoplanError, match="--moe-impl native would price AxoNN's as well"):
+        predict(MIXTRAL_S, load_machine("dgx-h100"), options, Candidates.single(Layout(1, 1, 1, 1), 8, False, False))

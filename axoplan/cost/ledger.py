@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.errors import AxoplanError
-from axoplan.inputs.machine import Machine, OpClass
+from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.schema import shipped_folder
 from axoplan.space.candidates import Candidates
@@ -54,7 +54,6 @@ Floats = npt.NDArray[np.float64]
 
 OP_CLASSES: tuple[str, ...] = ("gemm", "attention", "norm", "activation", "elementwise", "copy_cast", "reduction",
                                "loss", "memset", "optimizer", "view")
-MEMORY_BOUND: tuple[OpClass, ...] = ("elementwise", "activation", "norm", "copy_cast", "reduction", "loss", "memset")
 SCOPES = ("block_forward", "block_backward", "rest_forward", "rest_backward")
 
 
@@ -172,7 +171,6 @@ class LedgerCost:
     kernels: dict[str, float]
     host_ops: dict[str, float]
     saved_bytes: dict[str, Floats]
-    optimizer_kernels: int
     optimizer_bytes_per_param: dict[str, float]
 
     def optimizer_s(self, machine: Machine, params: Floats) -> Floats:
@@ -239,7 +237,7 @@ def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) ->
 
 
 def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates,
-                 attention_backend: str | None = None, hf_path: bool = True) -> LedgerCost:
+                 hf_path: bool = True) -> LedgerCost:
     """Price every entry of `ledger` for every candidate (see the module docstring). A mixture's ledger fixes its
     experts and top-k (its op list loops over them): another mixture is refused in one line."""
     if model.moe is not None and ledger.moe != (model.moe.num_experts, model.moe.top_k):
@@ -252,7 +250,7 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
     one = np.ones_like(gx)
     shard = _Split(gx * gy, one if hf_path else gx, one if hf_path else gy)
     bw = machine.device.hbm_bandwidth_gbs * 1e9
-    attn_rate = machine.peak_flops * attention_efficiency(machine, attention_backend, seq_len)
+    attn_rate = machine.peak_flops * attention_efficiency(machine, None, seq_len)  # SDPA's pick on the device
     seconds: dict[tuple[str, str], Floats] = {}
     kernels: dict[str, float] = {}
     host: dict[str, float] = {}
@@ -276,7 +274,7 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             key = (scope, op.op_class)
             seconds[key] = seconds.get(key, 0.0) + t
     saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
-    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_kernels, ledger.optimizer_bytes_per_param)
+    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param)
 
 
 def _gemm_rate(machine: Machine, dtype: str) -> float:

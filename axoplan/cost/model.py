@@ -52,6 +52,7 @@ from axoplan.cost.ledger import (
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
 from axoplan.cost.step import compute_columns, step_columns
 from axoplan.cost.terms import CollectiveTerm
+from axoplan.errors import AxoplanError
 from axoplan.inputs.framework import FrameworkProfile, load_framework
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
@@ -101,6 +102,10 @@ def _priced_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine
     if name is None:
         return None
     ledger = load_ledger(name, shipped_family(name, ledger_family(model)))
+    if ledger.moe is not None and options.moe_module != "transformers":  # its op list runs transformers' experts
+        raise AxoplanError(f"--framework {profile.name} runs transformers' own experts, which its op ledger prices; "
+                           f"--moe-impl {options.moe_impl} would price AxoNN's as well: use --moe-impl transformers "
+                           "(or auto), or --framework axonn for AxoNN's MoE modules")
     return price_ledger(ledger, machine, model, options.seq_len, c, hf_path=options.hf_path)
 
 

@@ -45,6 +45,8 @@ def compute_columns(
     if ledger is not None:
         optimizer = ledger.optimizer_s(machine, params)
         moved = per_step_s(ledger, "gemm", model.num_layers, c.recompute, np.ones_like(n_micro))  # its fp32 GEMMs
+        if dilation is not None:  # as the layers' work they came in with (axoplan.cost.layers)
+            moved = moved * dilation
         gemm, other = gemm + moved, other - moved
     else:
         optimizer = memory_bound_s(machine, params * 30.0)
