@@ -192,8 +192,8 @@ def _mutated(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]
 
 
 def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    seen: set[int] = set()
-    return [t for t in tensors if not (id(t) in seen or seen.add(id(t)))]  # type: ignore[func-returns-value]
+    """Each tensor once (an in-place op returns the tensor it wrote), in order."""
+    return list({id(t): t for t in tensors}.values())
 
 
 @contextmanager
