@@ -15,14 +15,14 @@ import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
 from axoplan.cost.compute import BYTES_BF16
+from axoplan.cost.groups import Groups
 from axoplan.cost.hfpath import embedding_terms, redistribution_terms
-from axoplan.cost.layers import Groups, Layer
+from axoplan.cost.layers import Layer
 from axoplan.cost.memory import replicated_params
-from axoplan.cost.moe import native_groups, native_terms
-from axoplan.cost.terms import CollectiveTerm
+from axoplan.cost.moe import native_terms
+from axoplan.cost.terms import CollectiveTerm, collective_term
 from axoplan.cost.zsharding import ZGroup, ZUnit, z_terms
 from axoplan.inputs.framework import FrameworkProfile
-from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
@@ -34,23 +34,23 @@ Floats = npt.NDArray[np.float64]
 
 def collective_terms(
     layers: list[Layer], g: Groups, options: RunOptions, c: Candidates, model: ModelSpec, n_micro: Floats,
-    tokens: Floats, profile: FrameworkProfile, machine: Machine,
+    tokens: Floats, profile: FrameworkProfile,
 ) -> list[CollectiveTerm]:
+    """Every collective of a step (module docstring), priced on the groups `g`."""
     terms: list[CollectiveTerm] = []
     last_in_block = [lay for lay in layers if lay.spec.role != "head"][-1]
     for i, lay in enumerate(layers):
         prev = layers[i - 1] if i > 0 else last_in_block  # the previous linear in execution order
         terms += _linear_terms(lay, prev, g=g, options=options, c=c, n_micro=n_micro,
                                overlap_data=profile.grad_reduce_overlaps_backward)
-    z = ZGroup(g.size["z"], g.stride["z"], g.bw["z"], coll.all_gather_s(0.0 * n_micro, g.size["z"], g.bw["z"],
-                                                                         g.ring["z"]))
+    z = ZGroup(g.of("z"), coll.all_gather_s(0.0 * n_micro, g.size["z"], g.bw["z"], g.ring["z"]))
     terms += z_terms(_z_units(layers, g, options, profile), z, options, c, n_micro)
     if options.hf_path:
         terms += redistribution_terms(layers, g, c, n_micro) + embedding_terms(model, options, g, c, n_micro, tokens)
     else:
         terms += _statistics_terms(model, g, c, tokens, n_micro)
     if any(lay.native_moe for lay in layers):
-        terms += native_terms(model, options, c, native_groups(machine, c, g.stride["z"], options), n_micro, tokens)
+        terms += native_terms(model, options, c, g, n_micro, tokens)
     terms.append(_world_term(model, options, g, n_micro))
     return terms
 
@@ -110,8 +110,8 @@ def _linear_terms(
         ("step", "all-reduce", "data", lay.bytes_shard, np.full_like(n_micro, lay.count), lay.ar_data,
          ar_data_exposed),
     )
-    return [CollectiveTerm(lay.spec.name, phase, op, axis, g.size[axis].astype(np.int64), g.stride[axis], nbytes,
-                           k, g.bw[axis], t, e) for phase, op, axis, nbytes, k, t, e in rows]
+    return [collective_term(lay.spec.name, phase, op, axis, g.of(axis), nbytes, k, t, e)
+            for phase, op, axis, nbytes, k, t, e in rows]
 
 
 def _world_term(model: ModelSpec, options: RunOptions, g: Groups, n_micro: Floats) -> CollectiveTerm:
@@ -122,8 +122,8 @@ def _world_term(model: ModelSpec, options: RunOptions, g: Groups, n_micro: Float
     calls = float(model.replicated_tensors()) if options.per_tensor_sync else 1.0
     nbytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes / calls)
     t = coll.all_reduce_s(nbytes, g.size["world"], g.bw["world"], g.lat["world"])
-    return CollectiveTerm("norms+biases", "step", "all-reduce", "world", g.size["world"].astype(np.int64),
-                          g.stride["world"], nbytes, np.full_like(n_micro, calls), g.bw["world"], t, t)
+    return collective_term("norms+biases", "step", "all-reduce", "world", g.of("world"), nbytes,
+                           np.full_like(n_micro, calls), t)
 
 
 def _statistics_terms(
@@ -146,6 +146,5 @@ def _statistics_terms(
         ("loss", "forward", "y", tokens * 4.0, n_micro * 3.0),
     ):
         t = coll.all_reduce_s(nbytes, g.size[axis], g.bw[axis], g.lat[axis])
-        out.append(CollectiveTerm(layer, phase, "all-reduce", axis, g.size[axis].astype(np.int64), g.stride[axis],
-                                  nbytes, calls, g.bw[axis], t, t))
+        out.append(collective_term(layer, phase, "all-reduce", axis, g.of(axis), nbytes, calls, t))
     return out

@@ -39,9 +39,10 @@ import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
 from axoplan.cost.compute import BYTES_BF16
-from axoplan.cost.layers import Groups, Layer
+from axoplan.cost.groups import Groups
+from axoplan.cost.layers import Layer
 from axoplan.cost.memory import hf_embedding_sharded
-from axoplan.cost.terms import CollectiveTerm
+from axoplan.cost.terms import CollectiveTerm, collective_term
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
@@ -94,8 +95,7 @@ def _backward(lay: Layer, g: Groups, calls: Floats) -> list[CollectiveTerm]:
 
 def _term(lay: Layer, g: Groups, phase: str, op: str, axis: str, nbytes: Floats, calls: Floats) -> CollectiveTerm:
     t = coll.all_gather_s(nbytes, g.size[axis], g.bw[axis], g.ring[axis])
-    return CollectiveTerm(lay.spec.name, phase, op, axis, g.size[axis].astype(np.int64), g.stride[axis], nbytes,
-                          calls, g.bw[axis], t, t)
+    return collective_term(lay.spec.name, phase, op, axis, g.of(axis), nbytes, calls, t)
 
 
 def embedding_terms(model: ModelSpec, options: RunOptions, g: Groups, c: Candidates, n_micro: Floats,
@@ -113,5 +113,5 @@ def embedding_terms(model: ModelSpec, options: RunOptions, g: Groups, c: Candida
             ("forward", "all-gather", "y", tokens * h * BYTES_BF16, n_micro * sharded, out_y),
             ("backward", "reduce-scatter", "z", table, n_micro * sharded, gather),
             ("step", "all-reduce", "world", whole, 1.0 - sharded, world))
-    return [CollectiveTerm("embedding", phase, op, axis, g.size[axis].astype(np.int64), g.stride[axis], nbytes,
-                           calls, g.bw[axis], t, t) for phase, op, axis, nbytes, calls, t in rows]
+    return [collective_term("embedding", phase, op, axis, g.of(axis), nbytes, calls, t)
+            for phase, op, axis, nbytes, calls, t in rows]

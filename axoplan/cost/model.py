@@ -29,6 +29,12 @@ host work, memory rules and Z units.
 The parts: ``axoplan.cost.layers`` prices each linear layer (GEMMs, attached work, bytes),
 ``axoplan.cost.communication`` lists the collectives with their exposure, and
 ``axoplan.cost.step`` sums the step; this module runs them in order.
+
+**Compile once, price many** (issue 32): :func:`compile_plan` does what depends on the model, the options, the
+candidates and the machine's topology but on none of its numbers (every group placed, each linear's shapes,
+bytes and calls, the distinct GEMM shapes, the op ledger loaded and its saved tensors, memory, the micro-batch
+count); :func:`price` applies a machine's numbers to it. :func:`predict` does both. Sensitivities, intervals,
+calibration and the what-if plots price one :class:`CompiledPlan` again for each machine they try.
 """
 
 
@@ -40,8 +46,10 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.cost.communication import collective_terms
-from axoplan.cost.layers import axis_groups, linear_layers
+from axoplan.cost.groups import GroupSet, compile_group_set
+from axoplan.cost.layers import Layers, layer_shapes, price_layers
 from axoplan.cost.ledger import (
+    Ledger,
     LedgerCost,
     ledger_class_columns,
     ledger_family,
@@ -50,7 +58,7 @@ from axoplan.cost.ledger import (
     shipped_family,
 )
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
-from axoplan.cost.step import compute_columns, step_columns
+from axoplan.cost.step import compute_columns, optimizer_params, step_columns
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.errors import AxoplanError
 from axoplan.inputs.framework import FrameworkProfile, load_framework
@@ -60,7 +68,7 @@ from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import sequences_per_micro_step
 
-__all__ = ["CollectiveTerm", "Prediction", "predict"]
+__all__ = ["CollectiveTerm", "CompiledPlan", "Prediction", "compile_plan", "predict", "price"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -75,28 +83,72 @@ class Prediction:
     memory: MemoryBreakdown
 
 
+@dataclass(frozen=True, slots=True)
+class CompiledPlan:
+    """Everything a prediction of `candidates` needs that no machine number changes (module docstring), compiled
+    on `machine`'s topology; the op ledger's cost as priced on `machine` itself, which :func:`price` reuses for
+    that machine."""
+
+    model: ModelSpec
+    options: RunOptions
+    candidates: Candidates
+    profile: FrameworkProfile
+    machine: Machine
+    groups: GroupSet
+    layers: Layers
+    tokens: Floats
+    n_micro: Floats
+    params: Floats
+    ledger: Ledger | None
+    ledger_cost: LedgerCost | None
+    memory: MemoryBreakdown
+
+
 def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> Prediction:
-    """Evaluate the cost model for all candidates at once."""
+    """Evaluate the cost model for all candidates at once: :func:`compile_plan`, then :func:`price`."""
+    return price(compile_plan(model, machine, options, c), machine)
+
+
+def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> CompiledPlan:
+    """The machine-number-free pass of the cost model for `c` on `machine`'s topology (module docstring)."""
     profile = load_framework(options.framework)
-    groups = axis_groups(machine, c)
+    native = model.moe is not None and options.moe_module == "native"
+    groups = compile_group_set(machine, c, options, native_moe=native)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
-    dilation = _core_sharing(machine, c)
-    ledger = _priced_ledger(profile, model, machine, options, c)
-    layers = linear_layers(model, machine, options, c, groups, tokens, profile, dilation, ledger)
+    ledger = _ledger(profile, model, machine, options)
+    ledger_cost = None if ledger is None else price_ledger(ledger, machine, model, options.seq_len, c,
+                                                           hf_path=options.hf_path)
+    sizes = {a: s.astype(np.float64) for a, s in groups.sizes.items()}
+    layers = layer_shapes(model, options, c, sizes, tokens, profile)
     per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, options.hf_path)
     n_micro = options.global_batch / per_step.astype(np.float64)
-    terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile, machine)
-    compute = compute_columns(layers, model, machine, c, n_micro, dilation, options, ledger)
-    memory = memory_per_gpu(model, options, c, profile, ledger)
+    memory = memory_per_gpu(model, options, c, profile, ledger_cost)
+    return CompiledPlan(model, options, c, profile, machine, groups, layers, tokens, n_micro,
+                        optimizer_params(model, c, options), ledger, ledger_cost, memory)
+
+
+def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
+    """`plan` priced with `machine`'s numbers (default: the machine it was compiled on); `machine` must have the
+    topology the plan was compiled for (``axoplan.cost.placement.topology``)."""
+    machine = plan.machine if machine is None else machine
+    model, options, c, profile = plan.model, plan.options, plan.candidates, plan.profile
+    groups = plan.groups.price(machine)
+    dilation = _core_sharing(machine, c)
+    ledger = plan.ledger_cost
+    if plan.ledger is not None and machine is not plan.machine:
+        ledger = price_ledger(plan.ledger, machine, model, options.seq_len, c, hf_path=options.hf_path)
+    n_micro, tokens = plan.n_micro, plan.tokens
+    layers = price_layers(plan.layers, model, machine, options, c, groups, tokens, dilation, ledger)
+    terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile)
+    compute = compute_columns(layers, model, machine, c, n_micro, dilation, options, ledger, plan.params)
     columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation, ledger)
     if ledger is not None:
         columns |= ledger_class_columns(ledger, model.num_layers, c.recompute, n_micro, compute["t_gemm_s"])
-    return Prediction(c, columns | memory.as_columns(), tuple(terms), memory)
+    return Prediction(c, columns | plan.memory.as_columns(), tuple(terms), plan.memory)
 
 
-def _priced_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine, options: RunOptions,
-                   c: Candidates) -> LedgerCost | None:
-    """The framework's op ledger priced for every candidate, or None for a profile without one. Its attention runs
+def _ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine, options: RunOptions) -> Ledger | None:
+    """The framework's op ledger for `model` on the device, or None for a profile without one. Its attention runs
     on the backend SDPA picks on the device (``Machine.kernels.default_attention``)."""
     name = profile.ledger_for(machine.device.kind)
     if name is None:
@@ -106,7 +158,7 @@ def _priced_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine
         raise AxoplanError(f"--framework {profile.name} runs transformers' own experts, which its op ledger prices; "
                            f"--moe-impl {options.moe_impl} would price AxoNN's as well: use --moe-impl transformers "
                            "(or auto), or --framework axonn for AxoNN's MoE modules")
-    return price_ledger(ledger, machine, model, options.seq_len, c, hf_path=options.hf_path)
+    return ledger
 
 
 def _core_sharing(machine: Machine, c: Candidates) -> Floats | None:

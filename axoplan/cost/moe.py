@@ -35,18 +35,16 @@ import numpy.typing as npt
 
 from axoplan.cost import collectives as coll
 from axoplan.cost.compute import BYTES_BF16
-from axoplan.cost.placement import place_groups
+from axoplan.cost.groups import Groups
 from axoplan.cost.scale import expected_max_normal
-from axoplan.cost.terms import CollectiveTerm
-from axoplan.inputs.machine import Machine
+from axoplan.cost.terms import CollectiveTerm, collective_term
 from axoplan.inputs.model import LinearLayer, ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
-__all__ = ["ExpertPlan", "expert_plan", "imbalance_factor", "native_terms", "NativeGroups", "native_groups"]
+__all__ = ["ExpertPlan", "expert_plan", "imbalance_factor", "native_terms"]
 
 Floats = npt.NDArray[np.float64]
-Ints = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,35 +95,7 @@ def imbalance_factor(model: ModelSpec, c: Candidates, routed: Floats) -> Floats:
     return model.moe.routing_skew * (1.0 + cv * expected_max_normal(c.gz))
 
 
-@dataclass(frozen=True, slots=True)
-class NativeGroups:
-    """DroplessMoEMLP's two groups inside Z: the tensor-parallel one (``expert_tp`` ranks, Z's stride) and the
-    FSDP one (``Gz/expert_tp`` ranks, stride ``expert_tp`` times Z's), each placed."""
-
-    tp_size: Floats
-    tp_stride: Ints
-    tp_bw: Floats
-    tp_ring: Floats
-    fsdp_size: Floats
-    fsdp_stride: Ints
-    fsdp_bw: Floats
-    fsdp_ring: Floats
-
-
-def native_groups(machine: Machine, c: Candidates, z_stride: Ints, options: RunOptions) -> NativeGroups:
-    tp = options.expert_tp
-    gz = c.gz.astype(np.int64)
-    tp_size = np.minimum(gz, tp)
-    fsdp_size = np.maximum(gz // tp, 1)
-    strides = np.concatenate([z_stride, z_stride * tp])
-    placed = place_groups(machine, strides, np.concatenate([tp_size, fsdp_size]))
-    n = len(c)
-    return NativeGroups(tp_size.astype(np.float64), z_stride, placed.bandwidth_gbs[:n], placed.ring_latency_us[:n],
-                        fsdp_size.astype(np.float64), z_stride * tp, placed.bandwidth_gbs[n:],
-                        placed.ring_latency_us[n:])
-
-
-def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, ng: NativeGroups, n_micro: Floats,
+def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, g: Groups, n_micro: Floats,
                  tokens: Floats) -> list[CollectiveTerm]:
     """The collectives of the native MoE layers, all blocking (module docstring), per micro-batch and layer:
 
@@ -142,7 +112,9 @@ def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, ng: Nativ
     backward reduce-scatter of the input gradient     tp    ``tp·m·H·2``
     ======== ======================================== ===== =================================
 
-    ``m = micro_batch·S`` tokens per GPU; under full recompute the forward's rows run again."""
+    ``m = micro_batch·S`` tokens per GPU; under full recompute the forward's rows run again. The tp and fsdp groups
+    are ``experts_tp`` and ``experts_fsdp`` of :class:`axoplan.cost.groups.Groups`, placed with every other group;
+    their time counts under Z, inside which they sit."""
     moe = model.moe
     assert moe is not None
     tp = float(options.expert_tp)
@@ -165,11 +137,10 @@ def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, ng: Nativ
              ("backward", "all-gather (fc experts)", "fsdp", fc_b, calls),
              ("backward", "reduce-scatter (fc grads)", "fsdp", fc_b, calls),
              ("backward", "reduce-scatter (input grad)", "tp", tokens_b, calls)]
+    groups = {"tp": g.of("experts_tp"), "fsdp": g.of("experts_fsdp")}
     out = []
-    for phase, op, group, nbytes, k in rows:
-        size, stride, bw, ring = ((ng.tp_size, ng.tp_stride, ng.tp_bw, ng.tp_ring) if group == "tp" else
-                                  (ng.fsdp_size, ng.fsdp_stride, ng.fsdp_bw, ng.fsdp_ring))
-        t = coll.all_gather_s(nbytes, size, bw, ring)  # ring all-gather and reduce-scatter cost the same
-        out.append(CollectiveTerm("experts (native)", phase, op, "z", size.astype(np.int64), stride, nbytes, k, bw,
-                                  t, t))
+    for phase, op, name, nbytes, k in rows:
+        group = groups[name]
+        t = coll.all_gather_s(nbytes, group.size, group.bw, group.ring)  # ring all-gather and reduce-scatter: alike
+        out.append(collective_term("experts (native)", phase, op, "z", group, nbytes, k, t))
     return out

@@ -36,22 +36,31 @@ A row only stands in for groups in the same region as the group it was measured 
 node, inside a scale-up domain, or across the network): an NVLink measurement says nothing about
 a group that crosses the network.
 Placement depends only on (stride, size), so it is computed once per distinct pair and
-broadcast back to all candidates.
+broadcast back to all candidates. It is done in two passes (issue 32, "compile once, price many"):
+:func:`compile_groups` finds the distinct pairs and what the machine's *topology* says of each (its
+region, the nodes it spans, the node-local members whose links it rides, the measured row standing for it),
+and :meth:`CompiledGroups.price` applies the machine's numbers (bandwidths, efficiencies, latencies, the
+scale exponent). A machine's numbers can change (sensitivities, calibration) without placing again; its
+topology (:func:`topology`) cannot.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.inputs.machine import Machine, MeasuredBandwidth
+from axoplan.inputs.machine import Machine
 
-__all__ = ["GroupPlacement", "Placements", "place", "place_groups", "ring_latency_us"]
+__all__ = ["GroupPlacement", "GroupShape", "Placements", "CompiledGroups", "compile_groups", "place", "place_groups",
+           "ring_latency_us", "shape_of", "topology"]
 
 _MAX_EXACT_CUT = 12  # members; above this the cut is approximated by single-device cuts
+
+Region = Literal["none", "node", "domain", "network"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,32 +74,85 @@ class GroupPlacement:
     ring_latency_us: float = 0.0  # all steps of a ring all-gather or reduce-scatter
 
 
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """What a machine's topology says of a group of `size` members `stride` ranks apart, before any of its
+    numbers: the region it sits in, the nodes it spans, how many groups of its kind share a node's NICs, the
+    node-local member sets whose links it rides (every group of a node for a group inside one, else the
+    members on one node, if more than one), whether it spans more nodes than a dragonfly group, and the index of
+    the measured row that stands for it."""
+
+    stride: int
+    size: int
+    region: Region
+    nodes: int
+    sharing: int
+    members: tuple[tuple[int, ...], ...]
+    beyond_group: bool
+    row: int | None
+
+
+def topology(machine: Machine) -> tuple[object, ...]:
+    """What placement's structure reads of a machine (not its bandwidths, efficiencies or latencies): a
+    :class:`CompiledGroups` prices only machines with the topology it was compiled for."""
+    domain = machine.scale_up.devices if machine.scale_up is not None else None
+    rows = tuple((r.stride, r.size) for r in machine.measured_bandwidth)
+    return machine.devices_per_node, domain, machine.inter_node.nodes_per_group, rows
+
+
+def shape_of(machine: Machine, stride: int, size: int) -> GroupShape:
+    """The topology's part of a group's placement (:class:`GroupShape`)."""
+    n = machine.devices_per_node
+    if size <= 1:
+        return GroupShape(stride, size, "none", 1, 1, (), False, None)
+    region = _region(machine, stride, size)
+    nodes = 1 if region == "node" else _nodes_spanned(machine, stride, size)
+    if region == "node":
+        span = stride * size
+        starts = (b + r for b in range(0, n, span) for r in range(stride))  # each group in a node
+        members = tuple(tuple(start + i * stride for i in range(size)) for start in starts)
+    else:
+        local = min(size, n // stride) if stride < n else 1
+        members = (tuple(i * stride for i in range(local)),) if local > 1 else ()
+    groups = machine.inter_node.nodes_per_group
+    beyond = groups is not None and math.ceil(stride * size / n) > groups
+    return GroupShape(stride, size, region, nodes, min(stride, n), members, beyond,
+                      _measured(machine, stride, size, region))
+
+
 def place(machine: Machine, stride: int, size: int) -> GroupPlacement:
     """Placement of a group of `size` members `stride` ranks apart."""
-    if size <= 1:
+    return _priced(machine, shape_of(machine, stride, size))
+
+
+def _priced(machine: Machine, shape: GroupShape) -> GroupPlacement:
+    """`shape` with the machine's numbers: the theory's bandwidth, or the measured row's (module docstring)."""
+    if shape.region == "none":
         return GroupPlacement(math.inf, 0.0, False, "none")
-    region = _region(machine, stride, size)
-    theory = _THEORY[region](machine, stride, size)
-    row = _measured(machine, stride, size, region)
-    if row is None:
+    theory = _THEORY[shape.region](machine, shape)
+    if shape.row is None:
         return theory
+    row = machine.measured_bandwidth[shape.row]
     bandwidth = row.bandwidth_gbs
     if theory.crosses_nodes:
-        bandwidth *= machine.inter_node.scale_factor(_nodes_spanned(machine, stride, size))
+        bandwidth *= machine.inter_node.scale_factor(shape.nodes)
     if row.latency_us is None:
         latency, ring = theory.latency_us, theory.ring_latency_us
     else:
-        latency, ring = row.latency_us, math.ceil(math.log2(size)) * row.latency_us
+        latency, ring = row.latency_us, math.ceil(math.log2(shape.size)) * row.latency_us
     return GroupPlacement(bandwidth, latency, theory.crosses_nodes, f"{theory.link} (measured)", ring)
 
 
 def ring_latency_us(machine: Machine, stride: int, size: int) -> float:
     """All steps of a ring over the group: ``(size − nodes)`` inside nodes, ``nodes − 1`` between them, over
     the scale-up fabric for a group inside one domain and over the network otherwise."""
-    region = _region(machine, stride, size)
-    nodes = 1 if region == "node" else _nodes_spanned(machine, stride, size)
-    between = machine.scale_up.latency_us if region == "domain" and machine.scale_up else machine.inter_node.latency_us
-    return (size - nodes) * machine.intra_node.latency_us + (nodes - 1) * between
+    return _ring_latency_us(machine, shape_of(machine, stride, size))
+
+
+def _ring_latency_us(machine: Machine, shape: GroupShape) -> float:
+    between = (machine.scale_up.latency_us if shape.region == "domain" and machine.scale_up
+               else machine.inter_node.latency_us)
+    return (shape.size - shape.nodes) * machine.intra_node.latency_us + (shape.nodes - 1) * between
 
 
 def _inside(machine: Machine, stride: int, size: int) -> bool:
@@ -103,7 +165,7 @@ def _within(devices: int, stride: int, size: int) -> bool:
     return stride * size <= devices and devices % (stride * size) == 0
 
 
-def _region(machine: Machine, stride: int, size: int) -> str:
+def _region(machine: Machine, stride: int, size: int) -> Region:
     """'node' (every group inside one node), 'domain' (inside one scale-up domain), or 'network'."""
     if _inside(machine, stride, size):
         return "node"
@@ -126,62 +188,94 @@ class Placements:
     crosses_nodes: npt.NDArray[np.bool_]
 
 
-def place_groups(machine: Machine, stride: npt.NDArray[np.int64], size: npt.NDArray[np.int64]) -> Placements:
-    """Vectorised `place`, aligned with the inputs."""
+@dataclass(frozen=True, slots=True)
+class CompiledGroups:
+    """Arrays of groups placed on a topology: each distinct (stride, size) once (`shapes`), and `inverse`, which
+    maps every group given back to its shape. :meth:`price` applies a machine's numbers."""
+
+    shapes: tuple[GroupShape, ...]
+    inverse: npt.NDArray[np.int64]
+    topology: tuple[object, ...]
+
+    def price(self, machine: Machine) -> Placements:
+        """Bandwidth, latencies and node crossing of every group on `machine` (the topology compiled for)."""
+        if topology(machine) != self.topology:
+            raise ValueError(f"groups placed for topology {self.topology} cannot be priced on {machine.name!r} "
+                             f"({topology(machine)}): compile them again")
+        found = [_priced(machine, s) for s in self.shapes]
+        bw = np.array([f.bandwidth_gbs for f in found], dtype=np.float64)
+        lat = np.array([f.latency_us for f in found], dtype=np.float64)
+        ring = np.array([f.ring_latency_us for f in found], dtype=np.float64)
+        crosses = np.array([f.crosses_nodes for f in found], dtype=bool)
+        inv = self.inverse
+        return Placements(bw[inv], lat[inv], ring[inv], crosses[inv])
+
+
+def compile_groups(machine: Machine, stride: npt.NDArray[np.int64], size: npt.NDArray[np.int64]) -> CompiledGroups:
+    """The distinct groups among (`stride`, `size`) and their shapes on `machine`'s topology."""
     base = int(size.max()) + 1
     key = stride * base + size
     keys = np.unique(key)  # a few hundred distinct groups; searchsorted maps back (faster than return_inverse)
     inverse = np.searchsorted(keys, key)
-    found = [place(machine, int(k // base), int(k % base)) for k in keys]
-    bw = np.array([f.bandwidth_gbs for f in found], dtype=np.float64)
-    lat = np.array([f.latency_us for f in found], dtype=np.float64)
-    ring = np.array([f.ring_latency_us for f in found], dtype=np.float64)
-    crosses = np.array([f.crosses_nodes for f in found], dtype=bool)
-    return Placements(bw[inverse], lat[inverse], ring[inverse], crosses[inverse])
+    shapes = tuple(shape_of(machine, int(k // base), int(k % base)) for k in keys)
+    return CompiledGroups(shapes, inverse, topology(machine))
 
 
-def _inside_node(machine: Machine, stride: int, size: int) -> GroupPlacement:
-    n = machine.devices_per_node
+def place_groups(machine: Machine, stride: npt.NDArray[np.int64], size: npt.NDArray[np.int64]) -> Placements:
+    """Vectorised `place`, aligned with the inputs: compiled, then priced."""
+    return compile_groups(machine, stride, size).price(machine)
+
+
+def _inside_node(machine: Machine, shape: GroupShape) -> GroupPlacement:
     worst, worst_link = math.inf, ""
-    span = stride * size
-    for start in (b + r for b in range(0, n, span) for r in range(stride)):  # each group in a node
-        members = [start + i * stride for i in range(size)]
-        bw = _ring_bandwidth_gbs(machine, members)
+    for members in shape.members:
+        bw, link = _links(machine, members)
         if bw < worst:
-            worst, worst_link = bw, _slowest_link(machine, members)
+            worst, worst_link = bw, link
     return GroupPlacement(worst * machine.intra_node.efficiency, machine.intra_node.latency_us, False, worst_link,
-                          ring_latency_us(machine, stride, size))
+                          _ring_latency_us(machine, shape))
 
 
-def _in_domain(machine: Machine, stride: int, size: int) -> GroupPlacement:
+def _in_domain(machine: Machine, shape: GroupShape) -> GroupPlacement:
     """A group across nodes but inside one scale-up domain: the fabric's per-device bandwidth, capped by the
     links its members on one node share."""
     domain = machine.scale_up
     assert domain is not None  # _region names a domain only for a machine with one
-    n = machine.devices_per_node
     bw = domain.bandwidth_gbs * domain.efficiency
-    link = domain.name
-    local = min(size, n // stride) if stride < n else 1
-    if local > 1:
-        members = [i * stride for i in range(local)]
-        bw = min(bw, _ring_bandwidth_gbs(machine, members) * machine.intra_node.efficiency)
-    return GroupPlacement(bw, domain.latency_us, False, link, ring_latency_us(machine, stride, size))
+    for members in shape.members:
+        bw = min(bw, _links(machine, members)[0] * machine.intra_node.efficiency)
+    return GroupPlacement(bw, domain.latency_us, False, domain.name, _ring_latency_us(machine, shape))
 
 
-def _across_nodes(machine: Machine, stride: int, size: int) -> GroupPlacement:
-    n, inter = machine.devices_per_node, machine.inter_node
-    sharing = min(stride, n)
-    nodes = _nodes_spanned(machine, stride, size)
-    bw = inter.injection_gbs * inter.efficiency / sharing * inter.scale_factor(nodes)
-    if inter.nodes_per_group is not None and math.ceil(stride * size / n) > inter.nodes_per_group:
+def _across_nodes(machine: Machine, shape: GroupShape) -> GroupPlacement:
+    inter = machine.inter_node
+    bw = inter.injection_gbs * inter.efficiency / shape.sharing * inter.scale_factor(shape.nodes)
+    if shape.beyond_group:
         bw *= inter.global_bandwidth_fraction
     link = "network"
-    local = min(size, n // stride) if stride < n else 1
-    if local > 1:
-        members = [i * stride for i in range(local)]
-        bw = min(bw, _ring_bandwidth_gbs(machine, members) * machine.intra_node.efficiency)
-        link = f"network + {_slowest_link(machine, members)}"
-    return GroupPlacement(bw, inter.latency_us, True, link, ring_latency_us(machine, stride, size))
+    for members in shape.members:
+        cut, slowest = _links(machine, members)
+        bw = min(bw, cut * machine.intra_node.efficiency)
+        link = f"network + {slowest}"
+    return GroupPlacement(bw, inter.latency_us, True, link, _ring_latency_us(machine, shape))
+
+
+def _links(machine: Machine, members: tuple[int, ...]) -> tuple[float, str]:
+    """The members' ring bandwidth (:func:`_ring_bandwidth_gbs`) and their slowest link's class: read from the
+    link classes alone, so found once per set of link classes and members (a sensitivity or a calibration that
+    moves other numbers finds them again here)."""
+    intra = machine.intra_node
+    key = (machine.devices_per_node, intra.link_classes, intra.device_bandwidth_gbs, members)
+    found = _LINKS.get(key)
+    if found is None:
+        found = _ring_bandwidth_gbs(machine, list(members)), _slowest_link(machine, list(members))
+        if len(_LINKS) < _MAX_CACHED:
+            _LINKS[key] = found
+    return found
+
+
+_LINKS: dict[tuple[object, ...], tuple[float, str]] = {}
+_MAX_CACHED = 65536
 
 
 def _ring_bandwidth_gbs(machine: Machine, members: list[int]) -> float:
@@ -209,8 +303,8 @@ _THEORY = {"node": _inside_node, "domain": _in_domain, "network": _across_nodes}
 """The theory's placement of a group in each region."""
 
 
-def _measured(machine: Machine, stride: int, size: int, region: str) -> MeasuredBandwidth | None:
-    """Exact (stride, size) row; the largest stride and size in the table match beyond. A row
+def _measured(machine: Machine, stride: int, size: int, region: str) -> int | None:
+    """Index of the exact (stride, size) row; the largest stride and size in the table match beyond. A row
     measured in another region than the group's (inside a node, a domain, or across) does not match."""
     rows = machine.measured_bandwidth
     if not rows:
@@ -219,7 +313,9 @@ def _measured(machine: Machine, stride: int, size: int, region: str) -> Measured
     s = stride if stride in strides else (strides[-1] if stride > strides[-1] else None)
     if s is None:
         return None
-    at_stride = {r.size: r for r in rows if r.stride == s}
+    at_stride = {r.size: i for i, r in enumerate(rows) if r.stride == s}
     biggest = max(at_stride)
-    row = at_stride.get(size, at_stride[biggest] if size > biggest else None)
-    return row if row is not None and _region(machine, row.stride, row.size) == region else None
+    index = at_stride.get(size, at_stride[biggest] if size > biggest else None)
+    if index is None or _region(machine, rows[index].stride, rows[index].size) != region:
+        return None
+    return index

@@ -12,7 +12,8 @@ import numpy.typing as npt
 
 from axoplan.cost.compute import memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
-from axoplan.cost.layers import Groups, Layer
+from axoplan.cost.groups import Groups
+from axoplan.cost.layers import Layer
 from axoplan.cost.ledger import LedgerCost, per_step_s
 from axoplan.cost.memory import replicated_params, sharded_params
 from axoplan.cost.scale import interference_s, straggler_factor
@@ -24,7 +25,7 @@ from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
-__all__ = ["compute_columns", "step_columns"]
+__all__ = ["compute_columns", "step_columns", "optimizer_params"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -32,16 +33,18 @@ Floats = npt.NDArray[np.float64]
 def compute_columns(
     layers: list[Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats,
     dilation: Floats | None = None, options: RunOptions | None = None, ledger: LedgerCost | None = None,
+    params: Floats | None = None,
 ) -> dict[str, Floats]:
     """GEMM, non-GEMM and optimizer seconds per step (an expert linear's calls share its block's non-GEMM work:
     ``axoplan.cost.layers``). The optimizer is the ledger's where the framework has one, else 30 bytes per
     parameter at ``memory_efficiency`` (read and write the fp32 master, both moments and the gradient, write
     the bf16 weight). The ledger's own GEMMs (fp32 ones, which no 4D linear holds) came in with the block's
-    other ops and are counted as GEMMs."""
+    other ops and are counted as GEMMs. `params`: the parameters a GPU updates (:func:`optimizer_params`), where
+    the caller has them."""
     rec = c.recompute.astype(np.float64)
     gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
     other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
-    params = sharded_params(model, c, options) + replicated_params(model)
+    params = optimizer_params(model, c, options) if params is None else params
     if ledger is not None:
         optimizer = ledger.optimizer_s(machine, params)
         moved = per_step_s(ledger, "gemm", model.num_layers, c.recompute, np.ones_like(n_micro))  # its fp32 GEMMs
@@ -53,6 +56,11 @@ def compute_columns(
     if dilation is not None:
         optimizer = optimizer * dilation
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
+
+
+def optimizer_params(model: ModelSpec, c: Candidates, options: RunOptions | None = None) -> Floats:
+    """The parameters one GPU's optimizer updates: its shard of the 4D-sharded weights and every replicated one."""
+    return sharded_params(model, c, options) + replicated_params(model)
 
 
 def _extra_linears(model: ModelSpec, options: RunOptions | None) -> float:

@@ -1,5 +1,5 @@
 """One collective of one layer in one phase, for every candidate: the unit the cost model sums and
-`explain` lists."""
+`explain` lists, and its one constructor (:func:`collective_term`), which reads the group it runs on."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CollectiveTerm"]
+from axoplan.cost.groups import Group
+
+__all__ = ["CollectiveTerm", "collective_term"]
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -45,3 +47,13 @@ class CollectiveTerm:
     def is_drain(self) -> bool:
         """A wait for a collective counted in another row (no call of its own)."""
         return self.op.endswith("(drain)")
+
+
+def collective_term(layer: str, phase: str, op: str, axis: str, group: Group, nbytes: Floats,
+                    calls_per_step: Floats, seconds_per_call: Floats,
+                    exposed_per_call: Floats | None = None) -> CollectiveTerm:
+    """A collective of `layer` in `phase` on `group` (its size, stride and bandwidth recorded), counted under
+    `axis`; exposed wholly unless `exposed_per_call` says what is left after overlap (a blocking collective)."""
+    exposed = seconds_per_call if exposed_per_call is None else exposed_per_call
+    return CollectiveTerm(layer, phase, op, axis, group.members, group.stride, nbytes,
+                          calls_per_step, group.bw, seconds_per_call, exposed)

@@ -46,14 +46,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.cost.terms import CollectiveTerm
+from axoplan.cost.groups import Group
+from axoplan.cost.terms import CollectiveTerm, collective_term
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
 __all__ = ["ZUnit", "ZGroup", "z_terms", "backward_exposed"]
 
 Floats = npt.NDArray[np.float64]
-Ints = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +75,9 @@ class ZUnit:
 
 @dataclass(frozen=True, slots=True)
 class ZGroup:
-    """The Z communicator of every candidate: size, stride, bandwidth and a ring's latency alone."""
+    """The Z communicator of every candidate, and a ring's latency alone over it."""
 
-    size: Floats
-    stride: Ints
-    bandwidth_gbs: Floats
+    group: Group
     latency_s: Floats  # the all-gather of nothing: the ring's latency
 
 
@@ -132,8 +130,7 @@ def _blocking_backward(unit: ZUnit, again: Floats, neighbour_bwd_s: Floats,
 
 def _term(layer: str, phase: str, op: str, z: ZGroup, nbytes: Floats, calls: Floats, seconds: Floats,
           exposed: Floats) -> CollectiveTerm:
-    return CollectiveTerm(layer, phase, op, "z", z.size.astype(np.int64), z.stride, nbytes, calls, z.bandwidth_gbs,
-                          seconds, exposed)
+    return collective_term(layer, phase, op, "z", z.group, nbytes, calls, seconds, exposed)
 
 
 def backward_exposed(rs: Floats, ag: Floats, neighbour_bwd_s: Floats, options: RunOptions,

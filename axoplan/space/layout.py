@@ -23,7 +23,7 @@ from axoplan.errors import AxoplanError
 from axoplan.inputs.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims, order_name, parse_tp_order
 
 __all__ = ["AXES", "DEFAULT_ORDER", "Layout", "divisors", "ordered_factorizations", "parse_layout",
-           "sequences_per_micro_step"]
+           "sequences_per_micro_step", "tokens_gathered", "activation_split"]
 
 IntArray = npt.NDArray[np.int64]
 IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
@@ -125,7 +125,25 @@ def sequences_per_micro_step(gx: IntLike, gy: IntLike, gz: IntLike, gdata: IntLi
     an X·Y group shares its sequences. The global batch must be a multiple of this, and ``global batch / this`` is
     the gradient-accumulation count (the one batch rule: cost model, feasibility, advice, plans, executor). Ints
     or arrays."""
-    return gdata * gz * micro_batch * (gx * gy if hf_path else 1)
+    return gdata * gz * micro_batch * tokens_gathered(gx, gy, hf_path)
+
+
+def tokens_gathered(gx: IntLike, gy: IntLike, hf_path: bool) -> IntLike | int:
+    """How many GPUs' own tokens one of a layout's linears takes at once: its X·Y group's (``Gx·Gy``) on AxoNN's
+    Hugging Face path, where every GPU holds its own sequences and each linear gathers its group's first; 1 on
+    Megatron-AxoNN's, where the X·Y group shares its sequences (``docs/algorithm.md`` §4b). One half of the hf
+    path's view; :func:`activation_split` is the other."""
+    return gx * gy if hf_path else 1
+
+
+def activation_split(gx: IntLike, gy: IntLike, hf_path: bool) -> tuple[IntLike, IntLike]:
+    """How a block's activations (the work between its linears: norms, attention heads, element-wise work, the
+    logits) divide over X and Y: hidden features over ``Gx`` and heads, FFN and vocabulary over ``Gy`` on
+    Megatron-AxoNN's path; whole (1, 1) on the Hugging Face path, each GPU its own tokens at full width
+    (``docs/algorithm.md`` §4b). Ints, or arrays shaped as `gx` and `gy`."""
+    if not hf_path:
+        return gx, gy
+    return (np.ones_like(gx), np.ones_like(gy)) if isinstance(gx, np.ndarray) else (1, 1)
 
 
 def parse_layout(text: str) -> Layout:

@@ -1,0 +1,98 @@
+"""Every communicator of a step, keyed by its dimension, placed once per candidate set and priced per machine.
+
+A candidate's groups (``docs/algorithm.md`` §3): one per axis (``x``, ``y``, ``z``, ``data``), the whole
+``world``, and, where AxoNN's native MoE module runs (``--moe-impl native``, ``axoplan.cost.moe``), the two groups
+``DroplessMoEMLP`` makes inside Z: ``experts_tp`` (``min(Gz, expert_tp)`` ranks at Z's stride) and
+``experts_fsdp`` (``max(Gz / expert_tp, 1)`` ranks, ``expert_tp`` times Z's stride). All of them are placed by one
+:func:`axoplan.cost.placement.compile_groups` call (:func:`compile_group_set`), whatever their kind, and priced
+by :meth:`GroupSet.price` with a machine's numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from axoplan.cost.placement import CompiledGroups, compile_groups
+from axoplan.inputs.machine import Machine
+from axoplan.inputs.options import RunOptions
+from axoplan.space.candidates import Candidates
+
+__all__ = ["Group", "Groups", "GroupSet", "compile_group_set", "NATIVE_GROUPS"]
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+
+NATIVE_GROUPS = ("experts_tp", "experts_fsdp")
+"""The native MoE module's groups inside Z (module docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One communicator of every candidate: members, stride, bandwidth, latency (per all-reduce step, and a
+    ring's) and whether it crosses nodes."""
+
+    size: Floats
+    members: Ints  # `size` as integers, as a collective term records it
+    stride: Ints
+    bw: Floats
+    lat: Floats
+    ring: Floats
+    crosses: npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """Each dimension's group per candidate, by name (``x``, ``y``, ``z``, ``data``, ``world``, and the native
+    MoE module's where it runs)."""
+
+    size: dict[str, Floats]
+    stride: dict[str, Ints]
+    bw: dict[str, Floats]
+    lat: dict[str, Floats]
+    ring: dict[str, Floats]
+    crosses: dict[str, npt.NDArray[np.bool_]]
+    members: dict[str, Ints]
+
+    def of(self, name: str) -> Group:
+        """The group of dimension `name`."""
+        return Group(self.size[name], self.members[name], self.stride[name], self.bw[name], self.lat[name],
+                     self.ring[name], self.crosses[name])
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSet:
+    """The groups of a candidate set placed on a topology (:func:`compile_group_set`): sizes and strides by
+    dimension, and the distinct groups among them once."""
+
+    sizes: dict[str, Ints]
+    strides: dict[str, Ints]
+    placed: CompiledGroups
+
+    def price(self, machine: Machine) -> Groups:
+        """Every group with `machine`'s numbers (a machine of the topology compiled for)."""
+        placed = self.placed.price(machine)
+        n = len(next(iter(self.sizes.values())))
+
+        def by_name(values: np.ndarray) -> dict[str, np.ndarray]:
+            return {a: values[i * n:(i + 1) * n] for i, a in enumerate(self.sizes)}
+
+        return Groups({a: s.astype(np.float64) for a, s in self.sizes.items()}, self.strides,
+                      by_name(placed.bandwidth_gbs), by_name(placed.latency_us), by_name(placed.ring_latency_us),
+                      by_name(placed.crosses_nodes), self.sizes)
+
+
+def compile_group_set(machine: Machine, c: Candidates, options: RunOptions, native_moe: bool = False) -> GroupSet:
+    """Every group of `c` (and the native MoE module's, with `native_moe`), placed on `machine`'s topology by one
+    :func:`axoplan.cost.placement.compile_groups` call."""
+    sizes = c.sizes() | {"world": c.world_size}
+    strides = c.strides() | {"world": np.ones_like(c.gx)}
+    if native_moe:
+        tp, gz = options.expert_tp, c.gz.astype(np.int64)
+        sizes |= {"experts_tp": np.minimum(gz, tp), "experts_fsdp": np.maximum(gz // tp, 1)}
+        strides |= {"experts_tp": strides["z"], "experts_fsdp": strides["z"] * tp}
+    names = list(sizes)
+    all_strides, all_sizes = (np.concatenate([d[a] for a in names]) for d in (strides, sizes))
+    return GroupSet(sizes, strides, compile_groups(machine, all_strides, all_sizes))
