@@ -25,6 +25,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_v
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable
 from axoplan.inputs.launcher import LauncherSpec
+from axoplan.inputs.parameters import SourceKind
 from axoplan.inputs.plausible import MACHINE_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
@@ -284,7 +285,7 @@ class ParameterUncertainty(Frozen):
     (relative one-sigma error of the model on held-out runs).
     """
 
-    sources: dict[str, Literal["measured", "vendor", "assumption"]] = {}
+    sources: dict[str, SourceKind] = {}
     ranges: dict[str, tuple[PositiveFloat, PositiveFloat]] = {}
     log_cov_paths: tuple[str, ...] = ()
     log_cov: tuple[tuple[float, ...], ...] = ()

@@ -1,5 +1,8 @@
 """Plausible values of every number in a machine or model file, in one place.
 
+A machine's ranges are its registry's (:mod:`axoplan.inputs.parameters`, one entry per field); a model's and a
+run's are here.
+
 Each numeric field has a unit, a range outside which the value cannot be meant (an error that
 names the field, its value, its unit and the range) and a usual range outside which it is
 probably a slip (a one-line warning). Some slips have a known cause, named in the message: a
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from axoplan.errors import AxoplanError
+from axoplan.inputs.parameters import MACHINE_PARAMETERS, format_bound
 
 __all__ = ["Range", "MACHINE_RANGES", "MODEL_RANGES", "RUN_RANGES", "TRAINING_TOKENS", "PlausibilityWarning",
            "check_plausible"]
@@ -44,97 +48,19 @@ class Range:
         lo, hi = self.hard
         if not lo <= value <= hi:
             hint = f"; {self.slip}" if self.slip and value > hi else ""
-            raise AxoplanError(f"{where} = {_fmt(value)} {self.unit} is outside {_fmt(lo)}-{_fmt(hi)} "
-                               f"{self.unit}{hint}")
+            raise AxoplanError(f"{where} = {format_bound(value)} {self.unit} is outside {format_bound(lo)}-"
+                               f"{format_bound(hi)} {self.unit}{hint}")
         ulo, uhi = self.usual
         if not ulo <= value <= uhi:
             hint = f"; {self.slip}" if self.slip and value > uhi else "; check it"
-            return f"{where} = {_fmt(value)} {self.unit} is unusual (usually {_fmt(ulo)}-{_fmt(uhi)} {self.unit}){hint}"
+            return (f"{where} = {format_bound(value)} {self.unit} is unusual (usually {format_bound(ulo)}-"
+                    f"{format_bound(uhi)} {self.unit}){hint}")
         return None
 
 
-def _fmt(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() and abs(v) < 1e12 else f"{v:g}"
-
-
-_FRACTION = Range("(fraction)", (1e-3, 1.0), (0.05, 1.0))
-_LATENCY = Range("us", (1e-3, 1e6), (0.05, 1e4))
-_LINK = Range("GB/s", (1e-5, 1e5), (1e-3, 1e4))  # 1 MB/s: gloo between CPU ranks of a shared core
-
-MACHINE_RANGES: dict[str, Range] = {
-    "devices_per_node": Range("devices", (1, 4096), (1, 144)),
-    "nodes": Range("nodes", (1, 1e6), (1, 1e5)),
-    "device.peak_bf16_tflops": Range("TFLOP/s", (1e-3, 1e5), (0.05, 1e4)),
-    "device.hbm_gb": Range("GB", (0.1, 1e4), (1, 1024)),
-    "device.hbm_bandwidth_gbs": Range("GB/s", (0.1, 1e6), (5, 3e4)),
-    "device.reserved_gb": Range("GB", (0, 1e4), (0, 64)),
-    "device.compute_units": Range("SMs or CUs", (1, 1e5), (1, 2048)),
-    "device.kernel_gap_us": Range("us", (0, 1e4), (0, 100)),
-    "device.cores_per_node": Range("cores", (1, 1e5), (1, 1024)),
-    "device.speed_variation": Range("(relative sigma)", (0, 0.49), (0, 0.1)),
-    "device.reserve.hidden_gb": Range("GB", (0, 1e4), (0, 64)),
-    "device.reserve.runtime_gb": Range("GB", (0, 1e3), (0, 16)),
-    "device.reserve.per_communicator_gb": Range("GB", (0, 100), (0, 4)),
-    "device.reserve.fragmentation": Range("(fraction of HBM)", (0, 0.99), (0, 0.5)),
-    "device.unified_memory.host_share_gb": Range("GB", (0, 1e4), (0, 64)),
-    "device.unified_memory.cpu_memory_gb": Range("GB", (0, 1e5), (0, 2048)),
-    "device.unified_memory.cpu_link_gbs": _LINK,
-    "intra_node.link_classes.*.bandwidth_gbs": _LINK,
-    "intra_node.device_bandwidth_gbs": _LINK,
-    "intra_node.latency_us": _LATENCY,
-    "intra_node.efficiency": _FRACTION,
-    "intra_node.processor_usage": Range("(fraction)", (0, 0.99), (0, 0.5)),
-    "scale_up.devices": Range("devices", (2, 1e5), (2, 576)),  # NVLink 5 switches join at most 576 GPUs [doc NVIDIA]
-    "scale_up.bandwidth_gbs": _LINK,
-    "scale_up.latency_us": _LATENCY,
-    "scale_up.efficiency": _FRACTION,
-    "inter_node.nics_per_node": Range("NICs", (1, 1024), (1, 32)),
-    "inter_node.nic_bandwidth_gbs": Range(
-        "GB/s per NIC", (1e-3, 200), (0.1, 100),
-        slip="no NIC is that fast (the fastest carry 800 Gb/s = 100 GB/s): did you give Gb/s? Divide by 8"),
-    "inter_node.latency_us": _LATENCY,
-    "inter_node.efficiency": _FRACTION,
-    "inter_node.processor_usage": Range("(fraction)", (0, 0.99), (0, 0.5)),
-    "inter_node.nodes_per_group": Range("nodes", (1, 1e6), (1, 1e4)),
-    "inter_node.global_bandwidth_fraction": _FRACTION,
-    "inter_node.scale_exponent": Range("(exponent)", (0, 1), (0, 0.5)),
-    "inter_node.scale_reference_nodes": Range("nodes", (1, 1e6), (1, 1e4)),
-    "gemm.max_efficiency": _FRACTION,
-    "gemm.fp32_efficiency": _FRACTION,
-    "gemm.half_efficiency_dim": Range("elements", (1, 1e6), (1, 1e5)),
-    "gemm.tiles.*.m": Range("rows", (1, 4096), (8, 1024)),
-    "gemm.tiles.*.n": Range("columns", (1, 4096), (8, 1024)),
-    "gemm.tiles.*.relative_efficiency": _FRACTION,
-    "gemm.table.*.efficiency": Range("(fraction)", (1e-6, 1.0), (1e-3, 1.0)),
-    "gemm.table.*.m": Range("rows", (1, 1 << 24), (1, 1 << 20)),
-    "gemm.table.*.n": Range("columns", (1, 1 << 24), (1, 1 << 20)),
-    "gemm.table.*.k": Range("elements", (1, 1 << 24), (1, 1 << 20)),
-    **{f"gemm.orientation_efficiency.{o}": Range("(relative to nn)", (1e-3, 4.0), (0.2, 1.5))
-       for o in ("nn", "nt", "tn", "tt")},
-    "device.peak_fp32_tflops": Range("TFLOP/s", (1e-3, 1e5), (0.1, 1e4)),
-    "attention_efficiency": _FRACTION,
-    "attention_triton_efficiency": _FRACTION,
-    "memory_efficiency": _FRACTION,
-    **{f"kernels.{k}": _FRACTION for k in ("elementwise", "activation", "norm", "copy_cast", "reduction", "loss",
-                                           "optimizer", "memset", "unaligned_gemm_efficiency")},
-    "kernels.attention.*.seq.*": Range("tokens", (1, 1 << 24), (16, 1 << 21)),  # * after attention: a backend's name
-    "kernels.attention.*.efficiency.*": _FRACTION,
-    "host.op_us": Range("us", (1e-2, 1e4), (0.5, 1e3)),
-    "host.launch_us": Range("us", (0, 1e4), (0, 100)),
-    "measured_bandwidth.*.bandwidth_gbs": _LINK,
-    "measured_bandwidth.*.latency_us": _LATENCY,
-    "measured_bandwidth.*.stride": Range("ranks", (1, 1e7), (1, 1e6)),
-    "measured_bandwidth.*.size": Range("ranks", (2, 1e7), (2, 1e6)),
-    "intra_node.link_classes.*.pairs.*.*": Range("device index", (0, 4095), (0, 143)),
-    "launcher.queues.*.min_nodes": Range("nodes", (1, 1e6), (1, 1e5)),
-    "launcher.queues.*.max_nodes": Range("nodes", (1, 1e6), (1, 1e5)),
-    "launcher.queues.*.max_walltime_minutes": Range("minutes", (1, 1e6), (1, 2e4)),
-    "launcher.staging.min_nodes": Range("nodes", (1, 1e6), (1, 1e5)),
-    "launcher.staging.margin_minutes_per_1000_nodes": Range("minutes", (0, 1e4), (0, 120)),
-    "uncertainty.model_error": Range("(relative sigma)", (0, 10), (0, 1)),
-    "uncertainty.log_cov.*.*": Range("(log-space covariance)", (-100, 100), (-4, 4)),
-}
-"""Every numeric field of a machine YAML (``*``: any item of a list) with its unit and ranges."""
+MACHINE_RANGES: dict[str, Range] = {p.path: Range(p.unit, p.hard, p.usual, p.slip) for p in MACHINE_PARAMETERS}
+"""Every numeric field of a machine YAML (``*``: any item of a list) with its unit and ranges, from the registry
+(:mod:`axoplan.inputs.parameters`)."""
 
 MODEL_RANGES: dict[str, Range] = {
     "num_layers": Range("layers", (1, 1e5), (1, 1024)),

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.inputs.parameters import DEFAULT_SOURCES, PRIOR_REL_SIGMA
+
 __all__ = ["INTERVAL_COLUMNS", "suggest_indices", "machine_spread", "with_intervals", "PRIOR_REL_SIGMA",
-           "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities", "model_sigma", "widened_note",
-           "ranking_note"]
+           "DEFAULT_SOURCES", "ParameterSpread", "prior_spread", "Intervals", "intervals", "sensitivities",
+           "model_sigma", "widened_note", "ranking_note"]
 
 if TYPE_CHECKING:
     from axoplan.inputs.machine import Machine
@@ -44,28 +46,8 @@ MAX_CONTENDERS = 2048
 INTERVAL_COLUMNS = ("t_low_s", "t_high_s", "p_best", "tied")
 """Columns `with_intervals` adds; not part of a plan's predicted breakdown."""
 
-PRIOR_REL_SIGMA: dict[str, float] = {"measured": 0.05, "vendor": 0.15, "assumption": 0.40}
-"""One-sigma relative spread of a parameter by how its number is sourced [decision, docs/uncertainty.md]."""
-
-DEFAULT_SOURCES: dict[str, str] = {
-    "gemm.max_efficiency": "vendor",
-    "gemm.half_efficiency_dim": "assumption",
-    "attention_efficiency": "assumption",
-    "attention_triton_efficiency": "assumption",
-    "memory_efficiency": "vendor",
-    "intra_node.efficiency": "assumption",
-    "intra_node.latency_us": "assumption",
-    "intra_node.processor_usage": "assumption",
-    "inter_node.efficiency": "assumption",
-    "inter_node.latency_us": "assumption",
-    "inter_node.processor_usage": "assumption",
-    "inter_node.scale_exponent": "assumption",
-    "host.op_us": "assumption",
-    "host.launch_us": "assumption",
-    "device.speed_variation": "assumption",
-}
-"""How each uncertain parameter of a machine is sourced unless its YAML says (``uncertainty.sources``); a
-parameter the machine does not set (``attention_triton_efficiency``) or sets to 0 has no spread."""
+# The priors by source (PRIOR_REL_SIGMA) and each uncertain parameter's source (DEFAULT_SOURCES) are the registry's:
+# one entry per machine parameter in axoplan/inputs/parameters.py.
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from scipy.optimize import least_squares
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.inputs.machine import Machine, ParameterUncertainty
 from axoplan.inputs.machine_params import has_value, parameter_value, with_values
+from axoplan.inputs.parameters import fittable
 from axoplan.validate.compare import PlanRuns, Predictor, Summary, aggregate, plan_table, summarize
 from axoplan.validate.records import Measured
 from axoplan.validate.yamledit import format_value
@@ -53,20 +54,10 @@ class Parameter:
     floor: bool = False  # acts through max(): probed over its range, fit started from a 1-D scan
 
 
-PARAMETERS: tuple[Parameter, ...] = (
-    Parameter("gemm.max_efficiency", 0.02, 1.0, "fraction of peak reached by large GEMMs"),
-    Parameter("gemm.half_efficiency_dim", 1.0, 16384.0, "GEMM dimension at which efficiency halves"),
-    Parameter("attention_efficiency", 0.005, 1.0, "fraction of peak in fused attention (FlashAttention-2)"),
-    Parameter("attention_triton_efficiency", 0.005, 1.0, "fraction of peak in the Triton FlashAttention kernel"),
-    Parameter("memory_efficiency", 0.01, 1.0, "fraction of HBM bandwidth in element-wise work"),
-    Parameter("intra_node.efficiency", 0.005, 1.0, "fraction of link bandwidth in collectives inside a node"),
-    Parameter("intra_node.latency_us", 0.01, 1e5, "collective step latency inside a node, µs"),
-    Parameter("inter_node.efficiency", 0.005, 1.0, "fraction of injection bandwidth across nodes"),
-    Parameter("inter_node.latency_us", 0.01, 1e5, "collective step latency across nodes, µs"),
-    Parameter("inter_node.scale_exponent", 1e-4, 1.0, "bandwidth loss with nodes spanned: (N/N_ref)^-x"),
-    Parameter("host.op_us", 0.01, 1e4, "host time per framework op, µs (binds where the host is slower)", floor=True),
-)
-"""What `calibrate` may fit; each bound keeps the machine schema valid."""
+PARAMETERS: tuple[Parameter, ...] = tuple(Parameter(p.path, p.fit.low, p.fit.high, p.meaning, p.fit.floor)
+                                         for p in fittable() if p.fit is not None)
+"""What `calibrate` may fit: the registry's parameters with fit bounds (:mod:`axoplan.inputs.parameters`), each
+bound inside the field's hard range, so a fitted YAML loads."""
 
 
 @dataclass(frozen=True, slots=True)

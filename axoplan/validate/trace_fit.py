@@ -45,6 +45,7 @@ from axoplan.inputs.machine import KernelModel, Machine
 from axoplan.inputs.machine_params import parameter_value
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
+from axoplan.inputs.parameters import fit_bounds
 from axoplan.records.kernel_classes import KernelClass
 from axoplan.records.trace import TraceSummary
 from axoplan.validate.calibrate import FittedParameter
@@ -69,7 +70,7 @@ device back (below it, the idle is the launch jitter of a device that is ahead) 
 
 _LOW = 1e-3  # lowest efficiency or attention factor the fit may reach
 _NEGLIGIBLE = 1e-4  # a class the ledger prices below this share of the step's kernels prices nothing to fit
-_OP_US = (0.01, 1e4)  # host.op_us's bounds in axoplan.validate.calibrate.PARAMETERS
+_OP_US = (fit_bounds("host.op_us").low, fit_bounds("host.op_us").high)  # as calibrate fits it (the registry's)
 
 
 @dataclass(frozen=True, slots=True)
