@@ -167,7 +167,7 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
     """`r` with columns ``t_low_s``, ``t_high_s``, ``p_best`` and ``tied`` (1 = tied with the best);
     ``p_best`` counts only draws faster than `beat_s` (a time already measured, see `intervals`). The model
     error is widened by how far the prediction reaches beyond what was measured (:mod:`.reach`)."""
-    from axoplan.cost.model import predict
+    from axoplan.cost.model import compile_plan, price
     from axoplan.inputs.machine_params import parameter_value, with_values
     from axoplan.uncertainty.reach import reach_sigma, reaches
 
@@ -185,10 +185,10 @@ def with_intervals(r: Ranking, level: float = 0.8, samples: int = 400, seed: int
                             idx.size)
         cands = r.candidates.take(idx)
         values = {p: parameter_value(r.machine, p) for p in spread.paths}
+        plan = compile_plan(r.model, r.machine, r.options, cands)  # placed once, priced for every parameter moved
 
         def step_s(v: dict[str, float]) -> Floats:
-            m = with_values(r.machine, v) if v else r.machine
-            return predict(r.model, m, r.options, cands).columns["t_step_s"]
+            return price(plan, with_values(r.machine, v) if v else r.machine).columns["t_step_s"]
 
         t0, jac = sensitivities(step_s, values, spread.paths)
         iv = intervals(t0, jac, spread.log_cov, sigma, level=level, samples=samples, seed=seed, beat_s=beat_s,

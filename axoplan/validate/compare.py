@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from axoplan.cost.model import CompiledPlan, compile_plan, price
+from axoplan.cost.placement import topology
 from axoplan.inputs.machine import Machine
 from axoplan.records.plan import LaunchConfig
 from axoplan.search.ranking import REASONS, rank_candidates
@@ -99,6 +101,7 @@ class Predictor:
             first = plans[idx[0]]
             cands = plan_candidates([plans[i] for i in idx])
             self._groups.append((first.model, first.options, first.world_size, cands, np.array(idx)))
+        self._compiled: dict[tuple[object, ...], list[CompiledPlan]] = {}
 
     def __call__(self, machine: Machine) -> dict[str, np.ndarray]:
         """Every prediction column, plus ``feasible`` and ``reason``, aligned with the plans."""
@@ -116,12 +119,16 @@ class Predictor:
         return out
 
     def step_s(self, machine: Machine) -> np.ndarray:
-        """Predicted seconds per iteration only (no feasibility): the fast path for fitting."""
-        from axoplan.cost.model import predict
-
+        """Predicted seconds per iteration only (no feasibility): the fast path for fitting. The plans are compiled
+        once per machine topology (``axoplan.cost.model.compile_plan``) and priced again for every machine a fit
+        or a sensitivity tries."""
+        key = (topology(machine), machine.device.kind)
+        if key not in self._compiled:
+            self._compiled[key] = [compile_plan(model, machine, options, cands)
+                                   for model, options, _, cands, _ in self._groups]
         out = np.empty(self.size)
-        for model, options, _, cands, idx in self._groups:
-            out[idx] = predict(model, machine, options, cands).columns["t_step_s"]
+        for plan, (_, _, _, _, idx) in zip(self._compiled[key], self._groups, strict=True):
+            out[idx] = price(plan, machine).columns["t_step_s"]
         return out
 
 
