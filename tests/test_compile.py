@@ -73,7 +73,8 @@ def test_the_ledger_cases_numbers_reach_the_repricing():
 
 def test_with_intervals_places_each_group_once(monkeypatch):
     """Frontier, 320B on 4,096 GCDs: the sensitivities price the contenders once per parameter moved (1 + P times),
-    but place their groups once: one compile_groups call, one shape per distinct (stride, size)."""
+    but place their groups once: one compile_groups call, one shape per distinct (stride, size); the groups' numbers
+    are found again only for the moves of a link, network or fabric number."""
     r = rank(load_model("320B"), load_machine("frontier"), RunOptions(), 4096)
     compiled, shaped, priced = [], [], []
     real_compile, real_shape, real_price = (groups_module.compile_groups, placement.shape_of,
@@ -99,7 +100,9 @@ def test_with_intervals_places_each_group_once(monkeypatch):
     spread, _ = machine_spread(r.machine)
     assert len(compiled) == 1
     assert len(shaped) == compiled[0] == len(set(shaped))  # each distinct group shaped once
-    assert len(priced) == 1 + len(spread.paths) and len(spread.paths) >= 10
+    links = [p for p in spread.paths if p.split(".")[0] in ("intra_node", "inter_node", "scale_up")]
+    assert len(spread.paths) >= 10 and len(links) >= 4
+    assert len(priced) == 1 + len(links)  # priced again only where a move reaches the links' numbers
     assert (out.prediction.columns["t_low_s"][r.order[:1]] > 0).all()
 
 

@@ -13,7 +13,6 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.cost import collectives as coll
 from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.groups import Groups
 from axoplan.cost.hfpath import embedding_terms, redistribution_terms
@@ -43,7 +42,7 @@ def collective_terms(
         prev = layers[i - 1] if i > 0 else last_in_block  # the previous linear in execution order
         terms += _linear_terms(lay, prev, g=g, options=options, c=c, n_micro=n_micro,
                                overlap_data=profile.grad_reduce_overlaps_backward)
-    z = ZGroup(g.of("z"), coll.all_gather_s(0.0 * n_micro, g.size["z"], g.bw["z"], g.ring["z"]))
+    z = ZGroup(g.of("z"), g.rates["z"].all_gather_s(0.0 * n_micro))
     terms += z_terms(_z_units(layers, g, options, profile), z, options, c, n_micro)
     if options.hf_path:
         terms += redistribution_terms(layers, g, c, n_micro) + embedding_terms(model, options, g, c, n_micro, tokens)
@@ -69,11 +68,11 @@ def _z_units(layers: list[Layer], g: Groups, options: RunOptions, profile: Frame
 
 def _unit(name: str, parts: list[Layer], g: Groups, options: RunOptions, profile: FrameworkProfile,
           stays_gathered: bool = False) -> ZUnit:
-    z = (g.size["z"], g.bw["z"], g.ring["z"])
+    z = g.rates["z"]
     gathered = cast(Floats, sum(lay.bytes_block for lay in parts))
     grads = gathered / BYTES_BF16 * _rs_bytes(profile, options)
     return ZUnit(name=name, count=parts[0].count, recomputed=parts[0].spec.recomputed,
-                 ag_s=coll.all_gather_s(gathered, *z), rs_s=coll.reduce_scatter_s(grads, *z), ag_bytes=gathered,
+                 ag_s=z.all_gather_s(gathered), rs_s=z.reduce_scatter_s(grads), ag_bytes=gathered,
                  rs_bytes=grads, compute_fwd_s=cast(Floats, sum(lay.compute_fwd for lay in parts)),
                  compute_bwd_s=cast(Floats, sum(lay.compute_bwd for lay in parts)), stays_gathered=stays_gathered,
                  attached_bwd_s=cast(Floats, sum(lay.extra_bwd for lay in parts)))
@@ -121,7 +120,7 @@ def _world_term(model: ModelSpec, options: RunOptions, g: Groups, n_micro: Float
     paying the all-reduce's latency."""
     calls = float(model.replicated_tensors()) if options.per_tensor_sync else 1.0
     nbytes = np.full_like(n_micro, replicated_params(model) * options.grad_reduce_bytes / calls)
-    t = coll.all_reduce_s(nbytes, g.size["world"], g.bw["world"], g.lat["world"])
+    t = g.rates["world"].all_reduce_s(nbytes)
     return collective_term("norms+biases", "step", "all-reduce", "world", g.of("world"), nbytes,
                            np.full_like(n_micro, calls), t)
 
@@ -145,6 +144,6 @@ def _statistics_terms(
         ("norms", "backward", "x", tokens * 8.0, n_micro * norms),
         ("loss", "forward", "y", tokens * 4.0, n_micro * 3.0),
     ):
-        t = coll.all_reduce_s(nbytes, g.size[axis], g.bw[axis], g.lat[axis])
+        t = g.rates[axis].all_reduce_s(nbytes)
         out.append(collective_term(layer, phase, "all-reduce", axis, g.of(axis), nbytes, calls, t))
     return out

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from axoplan.inputs.machine import GemmModel, Machine, Orientation
 
-__all__ = ["gemm_efficiency", "gemm_s", "waves", "wave_quantized_s", "memory_bound_s", "aligned"]
+__all__ = ["gemm_efficiency", "gemm_s", "gemm_numbers", "waves", "wave_quantized_s", "memory_bound_s", "aligned"]
 
 Floats = npt.NDArray[np.float64]
 BYTES_BF16 = 2.0
@@ -67,6 +67,15 @@ def gemm_s(machine: Machine, m: Floats, n: Floats, k: Floats, orientation: Orien
         compute = compute / np.where(aligned(m) & aligned(n) & aligned(k), 1.0, unaligned)
     traffic = BYTES_BF16 * (m * k + k * n + m * n)
     return np.maximum(compute, memory_bound_s(machine, traffic))
+
+
+def gemm_numbers(machine: Machine) -> tuple[object, ...]:
+    """Every number of `machine` that :func:`gemm_s` reads (and :func:`memory_bound_s`, which a tuned GEMM's copies
+    add): a GEMM's time changes only when one of these does, so a repricing that moves none of them (a network
+    efficiency, a host latency) may keep the GEMM times it has."""
+    unaligned = machine.kernels.unaligned_gemm_efficiency if machine.kernels is not None else None
+    return (machine.gemm, machine.device.compute_units, machine.peak_flops, unaligned,
+            machine.device.hbm_bandwidth_gbs, machine.memory_efficiency)
 
 
 def aligned(dim: Floats) -> npt.NDArray[np.bool_]:

@@ -10,12 +10,13 @@ by :meth:`GroupSet.price` with a machine's numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.cost.placement import CompiledGroups, compile_groups
+from axoplan.cost.collectives import Rates, Shares
+from axoplan.cost.placement import CompiledGroups, compile_groups, link_numbers
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
@@ -41,6 +42,7 @@ class Group:
     lat: Floats
     ring: Floats
     crosses: npt.NDArray[np.bool_]
+    rates: Rates  # its collectives' cost (axoplan.cost.collectives)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +57,12 @@ class Groups:
     ring: dict[str, Floats]
     crosses: dict[str, npt.NDArray[np.bool_]]
     members: dict[str, Ints]
+    rates: dict[str, Rates]
 
     def of(self, name: str) -> Group:
         """The group of dimension `name`."""
         return Group(self.size[name], self.members[name], self.stride[name], self.bw[name], self.lat[name],
-                     self.ring[name], self.crosses[name])
+                     self.ring[name], self.crosses[name], self.rates[name])
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,18 +73,33 @@ class GroupSet:
     sizes: dict[str, Ints]
     strides: dict[str, Ints]
     placed: CompiledGroups
+    shares: dict[str, Shares]
+    priced: dict[tuple[object, ...], Groups] = field(default_factory=dict)
+    """The groups priced, by the machine numbers placement reads (:func:`axoplan.cost.placement.link_numbers`)."""
 
     def price(self, machine: Machine) -> Groups:
-        """Every group with `machine`'s numbers (a machine of the topology compiled for)."""
+        """Every group with `machine`'s numbers (a machine of the topology compiled for); found once for each set of
+        the numbers placement reads, whatever else a repricing moves."""
+        key = link_numbers(machine)
+        if key not in self.priced:
+            self.priced[key] = self._price(machine)
+        return self.priced[key]
+
+    def _price(self, machine: Machine) -> Groups:
         placed = self.placed.price(machine)
         n = len(next(iter(self.sizes.values())))
 
         def by_name(values: np.ndarray) -> dict[str, np.ndarray]:
             return {a: values[i * n:(i + 1) * n] for i, a in enumerate(self.sizes)}
 
-        return Groups({a: s.astype(np.float64) for a, s in self.sizes.items()}, self.strides,
-                      by_name(placed.bandwidth_gbs), by_name(placed.latency_us), by_name(placed.ring_latency_us),
-                      by_name(placed.crosses_nodes), self.sizes)
+        bw, lat, ring = by_name(placed.bandwidth_gbs), by_name(placed.latency_us), by_name(placed.ring_latency_us)
+        rates = {a: s.rates(bw[a], lat[a], ring[a]) for a, s in self.shares.items()}
+        return Groups(self.float_sizes, self.strides, bw, lat, ring, by_name(placed.crosses_nodes), self.sizes, rates)
+
+    @property
+    def float_sizes(self) -> dict[str, Floats]:
+        """Each group's members as floats, as the cost formulas take them."""
+        return {a: s.astype(np.float64) for a, s in self.sizes.items()}
 
 
 def compile_group_set(machine: Machine, c: Candidates, options: RunOptions, native_moe: bool = False) -> GroupSet:
@@ -95,4 +113,6 @@ def compile_group_set(machine: Machine, c: Candidates, options: RunOptions, nati
         strides |= {"experts_tp": strides["z"], "experts_fsdp": strides["z"] * tp}
     names = list(sizes)
     all_strides, all_sizes = (np.concatenate([d[a] for a in names]) for d in (strides, sizes))
-    return GroupSet(sizes, strides, compile_groups(machine, all_strides, all_sizes))
+    floats = {a: s.astype(np.float64) for a, s in sizes.items()}
+    return GroupSet(sizes, strides, compile_groups(machine, all_strides, all_sizes),
+                    {a: Shares.of(p) for a, p in floats.items()})

@@ -37,7 +37,6 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.cost import collectives as coll
 from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.groups import Groups
 from axoplan.cost.layers import Layer
@@ -94,7 +93,7 @@ def _backward(lay: Layer, g: Groups, calls: Floats) -> list[CollectiveTerm]:
 
 
 def _term(lay: Layer, g: Groups, phase: str, op: str, axis: str, nbytes: Floats, calls: Floats) -> CollectiveTerm:
-    t = coll.all_gather_s(nbytes, g.size[axis], g.bw[axis], g.ring[axis])
+    t = g.rates[axis].all_gather_s(nbytes)
     return collective_term(lay.spec.name, phase, op, axis, g.of(axis), nbytes, calls, t)
 
 
@@ -104,11 +103,10 @@ def embedding_terms(model: ModelSpec, options: RunOptions, g: Groups, c: Candida
     h = float(model.hidden)
     sharded = hf_embedding_sharded(model, c).astype(np.float64)
     table = model.vocab * h / g.size["y"] * BYTES_BF16
-    z = (g.size["z"], g.bw["z"], g.ring["z"])
-    gather = coll.all_gather_s(table, *z)
-    out_y = coll.all_gather_s(tokens * h * BYTES_BF16, g.size["y"], g.bw["y"], g.ring["y"])
+    gather = g.rates["z"].all_gather_s(table)
+    out_y = g.rates["y"].all_gather_s(tokens * h * BYTES_BF16)
     whole = np.full_like(tokens, model.vocab * h * options.grad_reduce_bytes)
-    world = coll.all_reduce_s(whole, g.size["world"], g.bw["world"], g.lat["world"])
+    world = g.rates["world"].all_reduce_s(whole)
     rows = (("forward", "all-gather", "z", table, n_micro * sharded, gather),
             ("forward", "all-gather", "y", tokens * h * BYTES_BF16, n_micro * sharded, out_y),
             ("backward", "reduce-scatter", "z", table, n_micro * sharded, gather),

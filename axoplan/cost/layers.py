@@ -18,14 +18,13 @@ on the GPU's own tokens, all heads, repeated nowhere. An expert linear of a mixt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.cost import collectives as coll
 from axoplan.cost.attention import fused_attention_s, unfused_attention_s
-from axoplan.cost.compute import BYTES_BF16, gemm_s, memory_bound_s
+from axoplan.cost.compute import BYTES_BF16, gemm_numbers, gemm_s, memory_bound_s
 from axoplan.cost.groups import Groups
 from axoplan.cost.ledger import LedgerCost
 from axoplan.cost.memory import mlp_width, vocab_rows
@@ -112,6 +111,9 @@ class Layers:
     shapes: tuple[LayerShape, ...]
     gemms: _GemmShapes
     nongemm_bytes: dict[str, Floats]
+    gemm_times: dict[tuple[object, ...], list[tuple[Floats, Floats, Floats]]] = field(default_factory=dict)
+    """Each linear's forward, dX and dW GEMM seconds by the machine numbers they read
+    (:func:`axoplan.cost.compute.gemm_numbers`): found once for each set of them, whatever else a repricing moves."""
 
 
 def layer_shapes(model: ModelSpec, options: RunOptions, c: Candidates, sizes: dict[str, Floats], tokens: Floats,
@@ -154,15 +156,18 @@ def price_layers(
     else:
         extra_fwd, extra_bwd = _nongemm_s(model, machine, options, c, layers.nongemm_bytes)
     router_fwd = _router_s(model, machine, tokens)
+    key = gemm_numbers(machine)
+    if key not in layers.gemm_times:
+        layers.gemm_times[key] = [_gemm_times(shape, machine, options, layers.gemms) for shape in layers.shapes]
     out = []
-    for shape in layers.shapes:
+    for shape, gemms in zip(layers.shapes, layers.gemm_times[key], strict=True):
         fwd = extra_fwd[shape.part] * shape.share + (extra_fwd["attention"] if shape.attention else 0.0)
         bwd = extra_bwd[shape.part] * shape.share + (extra_bwd["attention"] if shape.attention else 0.0)
         if shape.router:  # the router and its top-k run before the experts, on the GPU's own tokens
             fwd, bwd = fwd + router_fwd, bwd + 2.0 * router_fwd
         if shape.calls > 1:  # the block's own work is shared by the copies that each run as a linear
             fwd, bwd = fwd / shape.calls, bwd / shape.calls
-        out.append(_layer(shape, machine, options, g, fwd, bwd, layers.gemms, dilation))
+        out.append(_layer(shape, gemms, g, fwd, bwd, dilation))
     return out
 
 
@@ -196,30 +201,35 @@ class _GemmShapes:
         return phase_gemm_s(machine, m[f], n[f], k[f], phase, tuned)[self.back]
 
 
-def _layer(shape: LayerShape, machine: Machine, options: RunOptions, g: Groups, extra_fwd: Floats,
-           extra_bwd: Floats, shapes: _GemmShapes, dilation: Floats | None = None) -> Layer:
-    """One call of a linear: its rows into its GEMMs (times `gemm_factor`: the wait for the most loaded shard of
-    an expert), and its all-reduces over its in-axis, out-axis and data groups."""
-    spec, tokens, k_loc, n_loc = shape.spec, shape.rows, shape.k_loc, shape.n_loc
-    in_axis, out_axis = spec.in_axis, spec.out_axis
-    tuned = options.tuned_gemm
+def _gemm_times(shape: LayerShape, machine: Machine, options: RunOptions,
+                shapes: _GemmShapes) -> tuple[Floats, Floats, Floats]:
+    """Seconds of one call's forward, dX and dW GEMMs on its rows (the forward in two halves where its
+    all-reduce is overlapped in two chunks)."""
+    tokens, k_loc, n_loc, tuned = shape.rows, shape.k_loc, shape.n_loc, options.tuned_gemm
     time = shapes.time  # every row count here is the micro-batch's tokens times a function of Gx, Gy and options
     if options.overlap_forward_all_reduce:
         t_fwd = 2.0 * time(machine, tokens / 2.0, n_loc, k_loc, "forward", tuned)
     else:
         t_fwd = time(machine, tokens, n_loc, k_loc, "forward", tuned)
-    t_dx = time(machine, tokens, k_loc, n_loc, "dx", tuned)
-    t_dw = time(machine, n_loc, k_loc, tokens, "dw", tuned)
-    t_fwd, t_dx, t_dw = (t * shape.gemm_factor for t in (t_fwd, t_dx, t_dw))
+    return t_fwd, time(machine, tokens, k_loc, n_loc, "dx", tuned), time(machine, n_loc, k_loc, tokens, "dw", tuned)
+
+
+def _layer(shape: LayerShape, gemms: tuple[Floats, Floats, Floats], g: Groups, extra_fwd: Floats,
+           extra_bwd: Floats, dilation: Floats | None = None) -> Layer:
+    """One call of a linear: its GEMMs (times `gemm_factor`: the wait for the most loaded shard of an expert), the
+    work attached to it, and its all-reduces over its in-axis, out-axis and data groups."""
+    spec, tokens = shape.spec, shape.rows
+    in_axis, out_axis = spec.in_axis, spec.out_axis
+    t_fwd, t_dx, t_dw = (t * shape.gemm_factor for t in gemms)
     extra_fwd, extra_bwd = np.broadcast_to(extra_fwd, tokens.shape), np.broadcast_to(extra_bwd, tokens.shape)
     if dilation is not None:
         t_fwd, t_dx, t_dw, extra_fwd, extra_bwd = (t * dilation for t in (t_fwd, t_dx, t_dw, extra_fwd, extra_bwd))
     return Layer(
         spec=spec, count=shape.count, in_axis=in_axis, out_axis=out_axis,
         t_fwd=t_fwd, t_dx=t_dx, t_dw=t_dw, extra_fwd=extra_fwd, extra_bwd=extra_bwd,
-        ar_fwd=coll.all_reduce_s(shape.bytes_out, g.size[in_axis], g.bw[in_axis], g.lat[in_axis]),
-        ar_bwd=coll.all_reduce_s(shape.bytes_in, g.size[out_axis], g.bw[out_axis], g.lat[out_axis]),
-        ar_data=coll.all_reduce_s(shape.bytes_shard, g.size["data"], g.bw["data"], g.lat["data"]),
+        ar_fwd=g.rates[in_axis].all_reduce_s(shape.bytes_out),
+        ar_bwd=g.rates[out_axis].all_reduce_s(shape.bytes_in),
+        ar_data=g.rates["data"].all_reduce_s(shape.bytes_shard),
         bytes_block=shape.bytes_block, bytes_out=shape.bytes_out, bytes_in=shape.bytes_in,
         bytes_shard=shape.bytes_shard, own_rows=shape.own_rows, n_full=shape.n_full, native_moe=shape.native_moe,
     )

@@ -102,6 +102,7 @@ class CompiledPlan:
     ledger: Ledger | None
     ledger_cost: LedgerCost | None
     memory: MemoryBreakdown
+    memory_columns: dict[str, Floats]
 
 
 def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> Prediction:
@@ -118,13 +119,12 @@ def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Can
     ledger = _ledger(profile, model, machine, options)
     ledger_cost = None if ledger is None else price_ledger(ledger, machine, model, options.seq_len, c,
                                                            hf_path=options.hf_path)
-    sizes = {a: s.astype(np.float64) for a, s in groups.sizes.items()}
-    layers = layer_shapes(model, options, c, sizes, tokens, profile)
+    layers = layer_shapes(model, options, c, groups.float_sizes, tokens, profile)
     per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, options.hf_path)
     n_micro = options.global_batch / per_step.astype(np.float64)
     memory = memory_per_gpu(model, options, c, profile, ledger_cost)
     return CompiledPlan(model, options, c, profile, machine, groups, layers, tokens, n_micro,
-                        optimizer_params(model, c, options), ledger, ledger_cost, memory)
+                        optimizer_params(model, c, options), ledger, ledger_cost, memory, memory.as_columns())
 
 
 def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
@@ -144,7 +144,7 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation, ledger)
     if ledger is not None:
         columns |= ledger_class_columns(ledger, model.num_layers, c.recompute, n_micro, compute["t_gemm_s"])
-    return Prediction(c, columns | plan.memory.as_columns(), tuple(terms), plan.memory)
+    return Prediction(c, columns | plan.memory_columns, tuple(terms), plan.memory)
 
 
 def _ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine, options: RunOptions) -> Ledger | None:

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.cost import collectives as coll
 from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.groups import Groups
 from axoplan.cost.scale import expected_max_normal
@@ -141,6 +140,6 @@ def native_terms(model: ModelSpec, options: RunOptions, c: Candidates, g: Groups
     out = []
     for phase, op, name, nbytes, k in rows:
         group = groups[name]
-        t = coll.all_gather_s(nbytes, group.size, group.bw, group.ring)  # ring all-gather and reduce-scatter: alike
+        t = group.rates.all_gather_s(nbytes)  # ring all-gather and reduce-scatter cost the same
         out.append(collective_term("experts (native)", phase, op, "z", group, nbytes, k, t))
     return out

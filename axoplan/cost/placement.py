@@ -55,8 +55,8 @@ import numpy.typing as npt
 
 from axoplan.inputs.machine import Machine
 
-__all__ = ["GroupPlacement", "GroupShape", "Placements", "CompiledGroups", "compile_groups", "place", "place_groups",
-           "ring_latency_us", "shape_of", "topology"]
+__all__ = ["GroupPlacement", "GroupShape", "Placements", "CompiledGroups", "compile_groups", "link_numbers", "place",
+           "place_groups", "ring_latency_us", "shape_of", "topology"]
 
 _MAX_EXACT_CUT = 12  # members; above this the cut is approximated by single-device cuts
 
@@ -98,6 +98,12 @@ def topology(machine: Machine) -> tuple[object, ...]:
     domain = machine.scale_up.devices if machine.scale_up is not None else None
     rows = tuple((r.stride, r.size) for r in machine.measured_bandwidth)
     return machine.devices_per_node, domain, machine.inter_node.nodes_per_group, rows
+
+
+def link_numbers(machine: Machine) -> tuple[object, ...]:
+    """Every part of `machine` whose numbers placement reads (its links inside a node, its scale-up fabric, its
+    network, its measured table): a group's bandwidth and latency change only when one of these does."""
+    return machine.intra_node, machine.scale_up, machine.inter_node, machine.measured_bandwidth
 
 
 def shape_of(machine: Machine, stride: int, size: int) -> GroupShape:
