@@ -126,7 +126,7 @@ def export(
         typer.echo(f"rank 1: {describe_cost(exports[0].plan.training)}; each plan.json records its own")
     for note in _notes(launcher, settings, site, len(exports), top):
         typer.echo(f"note: {note}", err=True)
-    if (spent := benchmark_note(exports, source.machine, settings)) is not None:
+    if (spent := benchmark_note(exports, settings)) is not None:
         typer.echo(f"warning: {spent}", err=True)
     _warnings(exports, source.machine, settings)
 
@@ -139,17 +139,10 @@ def _token_steps(tokens: int, options: Any) -> int:
 
 
 def _warnings(exports: list[Any], machine: Any, settings: Any) -> None:
-    """A job no queue holds (uncapped wall time); a --time over the chosen queue's limit."""
-    from axoplan.export.script import queue_choice, time_warning
-
+    """A job no queue holds (uncapped wall time); a --time over the chosen queue's limit (each plan's own job)."""
     for e in exports:
-        if machine.launcher.queues and queue_choice(e.plan, machine, settings) is None:
-            nodes = f"{e.nodes} node{'s' if e.nodes != 1 else ''}"
-            typer.echo(f"warning: no queue of {machine.name} holds {nodes} ({e.folder}); its wall time "
-                       f"{e.walltime} is not capped; check the centre's limits", err=True)
-        warning = time_warning(e.plan, machine, settings)
-        if warning is not None:
-            typer.echo(f"warning: {warning} ({e.folder})", err=True)
+        for warning in e.warnings(machine, settings):
+            typer.echo(f"warning: {warning}", err=True)
 
 
 def _settings(**fields: Any) -> Any:

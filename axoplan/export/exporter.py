@@ -9,7 +9,6 @@ Everything is built and checked in memory first (launch configs round-trip, scri
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,21 @@ from typing import Any
 from axoplan.cost.budget import run_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.files import NewFile, write_all_or_nothing
-from axoplan.export.job import JobSettings
+from axoplan.export.job import JobSettings, check_site
 from axoplan.export.saved import SavedRanking
-from axoplan.export.script import PLAN_NAME, SCRIPT_NAME, benchmark_spend, job_values, render_job_script, submit_command
+from axoplan.export.script import (
+    PLAN_NAME,
+    SCRIPT_NAME,
+    Job,
+    benchmark_spend,
+    plan_job,
+    render_job_script,
+    submit_command,
+    time_warning,
+)
 from axoplan.inputs.launcher import LauncherSpec
 from axoplan.inputs.schedulers import scheduler
+from axoplan.inputs.shell import quote_for
 from axoplan.records.plan import LaunchConfig, plan_from_ranking
 from axoplan.search.ranking import Ranking
 
@@ -31,7 +40,7 @@ __all__ = ["ExportedPlan", "folder_label", "prepare_exports", "with_training", "
 
 @dataclass(frozen=True, slots=True)
 class ExportedPlan:
-    """One exported layout: its folder name, launch config and job script."""
+    """One exported layout: its folder name, launch config, job (queue chosen once) and job script."""
 
     rank: int
     folder: str
@@ -39,6 +48,18 @@ class ExportedPlan:
     script: str
     nodes: int
     walltime: str
+    job: Job
+
+    def warnings(self, machine: Any, settings: JobSettings) -> list[str]:
+        """A job no queue holds (its wall time uncapped); a --time over the chosen queue's limit or under the need."""
+        out = []
+        if machine.launcher.queues and self.job.choice is None:
+            nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}"
+            out.append(f"no queue of {machine.name} holds {nodes} ({self.folder}); its wall time {self.walltime} is "
+                       f"not capped; check the centre's limits")
+        if (warning := time_warning(self.job, settings)) is not None:
+            out.append(f"{warning} ({self.folder})")
+        return out
 
 
 def top_indices(source: Ranking | SavedRanking, k: int) -> list[int]:
@@ -52,6 +73,8 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
                     settings: JobSettings, indices: list[int] | None = None) -> list[ExportedPlan]:
     """Launch configs and job scripts of the k best feasible layouts (or of `indices`), in memory."""
     _refuse_an_undrivable_payload(source.machine, settings)
+    if source.machine.launcher is not None:
+        check_site(source.machine.launcher, settings.site, source.machine.name)
     indices = top_indices(source, k) if indices is None else indices
     if not indices:
         raise AxoplanError(f"no feasible layout to export among the {source.world_size}-GPU candidates; "
@@ -60,11 +83,11 @@ def prepare_exports(source: Ranking | SavedRanking, machine_ref: str, k: int,
     out = []
     for n, i in enumerate(indices, start=1):
         plan = _checked_plan(source, i, machine_ref, settings.tokens)
-        _refuse_unmeant_benchmark(plan, source.machine, settings)
         folder = f"{n:0{width}d}-{folder_label(plan)}"
-        script = render_job_script(plan, source.machine, settings, folder, n)
-        values = job_values(plan, source.machine, settings, folder)
-        out.append(ExportedPlan(n, folder, plan, script, int(values["nodes"]), values["walltime"]))
+        job = plan_job(plan, source.machine, settings, folder)
+        _refuse_unmeant_benchmark(job, settings)
+        script = render_job_script(plan, source.machine, settings, folder, n, job)
+        out.append(ExportedPlan(n, folder, plan, script, job.nodes, job.values["walltime"], job))
     return out
 
 
@@ -81,17 +104,17 @@ def _refuse_an_undrivable_payload(machine: Any, settings: JobSettings) -> None:
                        f"your training command: axoplan export ... --command 'python train.py ...'")
 
 
-def _refuse_unmeant_benchmark(plan: LaunchConfig, machine: Any, settings: JobSettings) -> None:
+def _refuse_unmeant_benchmark(job: Job, settings: JobSettings) -> None:
     """A long export without --command would spend an allocation on the benchmark: only with --benchmark."""
-    spend = benchmark_spend(plan, machine, settings)
+    spend = benchmark_spend(job, settings)
     if spend is not None and not settings.benchmark:
-        raise AxoplanError(f"without --command, layout {plan.layout.to_layout()} would run {spend}; give --command "
+        raise AxoplanError(f"without --command, layout {job.plan.layout.to_layout()} would run {spend}; give --command "
                            "'python train.py ...' to train, or --benchmark to run the benchmark knowingly")
 
 
-def benchmark_note(exports: list[ExportedPlan], machine: Any, settings: JobSettings) -> str | None:
+def benchmark_note(exports: list[ExportedPlan], settings: JobSettings) -> str | None:
     """The screen line of an export --benchmark: what rank 1's jobs run and spend."""
-    spend = benchmark_spend(exports[0].plan, machine, settings) if exports else None
+    spend = benchmark_spend(exports[0].job, settings) if exports else None
     return None if spend is None else f"these job scripts run the benchmark (--benchmark); rank 1: {spend}"
 
 
@@ -151,7 +174,7 @@ def summary(exports: list[ExportedPlan], out_dir: Path, launcher: LauncherSpec, 
                      str(out_dir / e.folder)])
     table = text_table(["rank", "layout", "mbs", "s/iter", "mem GB", "fit", "nodes", "wall time", "plan", "folder"],
                        rows, [True, False, True, True, True, False, True, True, False, False])
-    first = shlex.quote(str(out_dir / exports[0].folder))  # a command to paste: an odd --out-dir stays one word
+    first = quote_for(str(out_dir / exports[0].folder))  # a command to paste: an odd --out-dir stays one word
     how = f"cd {first} && {submit_command(launcher)}"
     if scheduler(launcher.scheduler).directive is None:
         how += "   (on every node)"

@@ -15,43 +15,25 @@ import re
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from axoplan.errors import AxoplanError
-from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, placeholder_text
+from axoplan.inputs.launcher import SCHEDULER_NAMES, SITE_VALUES, LauncherSpec, placeholder_text
 from axoplan.inputs.schedulers import format_hms
 from axoplan.inputs.schema import Frozen
+from axoplan.inputs.shell import directive_word_problem, has_control, scan_shell, unsafe_text
 
-__all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_hms", "parse_walltime", "has_control",
-           "site_values", "ENV_PREFIX", "SCHEDULER_NAME", "SCHEDULER_NAMES", "unsafe_text", "command_problem"]
+__all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_hms", "parse_walltime",
+           "site_values", "check_site", "ENV_PREFIX", "command_problem"]
 
 ENV_PREFIX = "AXOPLAN_"
-_UNSAFE = set("\"'$`\\")
-SCHEDULER_NAME = re.compile(r"[A-Za-z0-9_.:+][A-Za-z0-9_.:+-]*")
-"""An account, partition, QOS or queue: it goes into a scheduler directive (an ``#SBATCH``, ``#PBS`` or
-``# flux:`` line), where nothing can be quoted."""
-SCHEDULER_NAMES = ("account", "partition", "qos", "queue")
-"""The site values that are scheduler names (:data:`SCHEDULER_NAME`)."""
-
-
-def has_control(text: str) -> bool:
-    """Whether `text` holds a line break or another control character (ASCII 0-31, 127)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
-def unsafe_text(value: str) -> str | None:
-    """What makes `value` unfit for a job script whatever the quoting (None: nothing)."""
-    if has_control(value):
-        return "a line break or other control character"
-    if _UNSAFE & set(value):
-        return "quotes, '$', backquotes or backslashes"
-    return None
 
 
 class SiteSettings(Frozen):
     """Values that belong to the user or the centre; None = not given.
 
-    An account, partition, QOS or queue must be a plain name (:data:`SCHEDULER_NAME`: letters, digits,
-    ``_ . : + -``, not starting with ``-``): it goes into a scheduler directive. A Python
+    An account, partition, QOS or queue must be a directive word (axoplan.inputs.shell.DIRECTIVE_WORD:
+    letters, digits, ``_ . : + / @ -``, not starting with ``-``): it goes into a scheduler directive. A Python
     environment, container or network plugin path may hold spaces and the like (the script quotes it), but no
-    quotes, ``$``, backquotes, backslashes or control characters.
+    quotes, ``$``, backquotes, backslashes or control characters. Where a machine's launcher block puts a
+    value (a directive or module line) can ask more: :func:`check_site`, once per export.
     """
 
     account: str | None = Field(None, description="Project, account or bank to charge (Slurm and PBS -A, Flux -B).")
@@ -67,11 +49,11 @@ class SiteSettings(Frozen):
     @field_validator(*SCHEDULER_NAMES)
     @classmethod
     def _scheduler_name(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and not SCHEDULER_NAME.fullmatch(v):
+        problem = directive_word_problem(v) if v is not None else None
+        if problem is not None:
             flag = f"--{info.field_name}"
             raise ValueError(f"{flag} (or {ENV_PREFIX}{str(info.field_name).upper()}) goes into a scheduler directive "
-                             f"(an #SBATCH, #PBS or # flux: line), so it may hold only letters, digits and _ . : + - "
-                             f"(not starting with -)")
+                             f"(an #SBATCH, #PBS or # flux: line), so it {problem}")
         return v
 
     @field_validator("python_env", "container", "net_plugin")
@@ -130,40 +112,54 @@ def command_problem(command: str) -> str | None:
     globs and ``$VAR`` mean what they mean in a shell; only what could end the command or run
     other code in the batch script is refused: a line break, an unclosed quote, a shell operator
     (``; & | < > ( )``) or ``#`` outside quotes, a command substitution (``$(...)``, backquotes)
-    or ``$`` followed by anything but a variable name.
+    or ``$`` followed by anything but a variable name. The quoting is read by
+    :func:`axoplan.inputs.shell.scan_shell`, as the exporter reads the launcher's lines.
     """
     if has_control(command):
         return "it holds a line break or other control character"
-    quote = ""
-    i = 0
-    while i < len(command):
-        c = command[i]
-        if quote == "'":
-            quote = "" if c == "'" else quote
-        elif c == "\\":
-            i += 1  # escapes the next character (inside double quotes too, or it stays literal)
-            if i >= len(command):
-                return "it ends with a backslash"
-        elif c == "`":
-            return "backquotes would run a command in the job script itself"
-        elif c == "$":
-            name = _NAME.match(command, i + 1)
-            if name is None:
-                return (f"'{command[i:i + 2]}' would run or expand code in the job script itself (only $NAME and "
-                        f"${{NAME}} expand)")
-            i = name.end() - 1
-        elif quote == '"':
-            quote = "" if c == '"' else quote
-        elif c in "'\"":
-            quote = c
-        elif c in _OPERATORS:
-            return f"{c!r} outside quotes would act on the launcher, not on your command"
-        elif c == "#" and (i == 0 or command[i - 1] in " \t"):
-            return "'#' outside quotes would make the rest a comment"
-        i += 1
-    if quote:
-        return f"its {quote} quote is never closed, so the job script does not parse as bash"
+    pieces, end = scan_shell(command)
+    for piece in pieces:
+        problem = _piece_problem(command, piece.start, piece.text, piece.context)
+        if problem is not None:
+            return problem
+    if end:
+        return f"its {end} quote is never closed, so the job script does not parse as bash"
     return None
+
+
+def _piece_problem(command: str, i: int, text: str, context: str) -> str | None:
+    """What the piece `text` at `i` of `command`, read in quoting `context`, would do to the batch script."""
+    c = text[0]
+    if context == "'":
+        return None
+    if c == "\\":
+        return "it ends with a backslash" if len(text) == 1 else None
+    if c == "`":
+        return "backquotes would run a command in the job script itself"
+    if c == "$":
+        if _NAME.match(command, i + 1) is None:
+            return (f"'{command[i:i + 2]}' would run or expand code in the job script itself (only $NAME and "
+                    f"${{NAME}} expand)")
+        return None
+    if context == '"':
+        return None
+    if c in _OPERATORS:
+        return f"{c!r} outside quotes would act on the launcher, not on your command"
+    if c == "#" and (i == 0 or command[i - 1] in " \t"):
+        return "'#' outside quotes would make the rest a comment"
+    return None
+
+
+def check_site(launcher: LauncherSpec, site: SiteSettings, machine: str) -> None:
+    """Refuse a site value the user gave that cannot stand where this machine's launcher block puts it
+    (:meth:`LauncherSpec.site_value_problem`, the rule its own defaults were held to when it was read).
+    Once per export; the scripts are then written without checking again."""
+    for name in SITE_VALUES:
+        value = getattr(site, name)
+        problem = launcher.site_value_problem(name, value) if value is not None else None
+        if problem is not None:
+            raise AxoplanError(f"--{name.replace('_', '-')} (or {ENV_PREFIX}{name.upper()}) {value!r} {problem} "
+                               f"(machine {machine!r}); give another value")
 
 
 def node_counts(world_size: int, devices_per_node: int, allow_partial: bool, machine: str) -> tuple[int, int]:

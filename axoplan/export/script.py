@@ -5,57 +5,43 @@ setup and launch line all come from ``launcher:`` in the machine YAML; the layou
 the prediction come from the launch config; the account and other site values come from
 the user (or stay visible placeholders such as ``<ACCOUNT>``).
 
-No value can change what the script means. A value in a scheduler directive (an ``#SBATCH``,
-``#PBS`` or ``# flux:`` line), where nothing can be quoted, must be a plain word (letters, digits,
-``_ . : + / @ -``); a value in a shell line is quoted for where it stands (``shlex.quote``
-outside quotes, as is inside quotes, where the site values' rules keep out quotes, ``$``,
-backquotes and backslashes); comment
-lines show a line break in a name as ``\n``; module names must be plain names; ``--command``
-is written as given once :func:`axoplan.export.job.command_problem` has found nothing in it
-that could end the command or run code in the batch script. Anything else is refused with
-one line naming the option or the machine YAML's entry.
+No value can change what the script means, and nothing is checked here: the machine YAML's values
+were checked when it was read (axoplan.inputs.launcher), the user's when they were given
+(:class:`axoplan.export.job.SiteSettings`, ``--command``) and against where this machine puts them once
+per export (:func:`axoplan.export.job.check_site`), each by the one rule of axoplan.inputs.shell. A value
+in a shell line is quoted for where it stands (:func:`axoplan.inputs.shell.quote_for`); comment lines show
+a line break in a name as ``\n``. Each plan's job (nodes, the queue and its split into chained jobs, the
+wall time, every placeholder's value) is worked out once, by :func:`plan_job`, and passed down.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 from axoplan.cost.budget import describe_cost
 from axoplan.errors import AxoplanError
-from axoplan.export.job import (
-    ENV_PREFIX,
-    SCHEDULER_NAME,
-    SCHEDULER_NAMES,
-    JobSettings,
-    command_problem,
-    format_hms,
-    has_control,
-    node_counts,
-    site_values,
-    unsafe_text,
-    walltime_s,
-)
+from axoplan.export.job import ENV_PREFIX, JobSettings, format_hms, node_counts, site_values, walltime_s
 from axoplan.inputs.axes import AXIS_DEFS, axonn_order
-from axoplan.inputs.launcher import PLACEHOLDER, SITE_VALUES, LauncherSpec, fill, placeholder_text, placeholders_in
+from axoplan.inputs.launcher import PLACEHOLDER, SITE_VALUES, LauncherSpec, fill, placeholders_in
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.queues import QueueChoice, choose_queue
 from axoplan.inputs.schedulers import Scheduler, scheduler
+from axoplan.inputs.shell import Unquotable, has_control, quote_for, scan_shell
 from axoplan.inputs.staging import margin_minutes, staged
 from axoplan.records.plan import LaunchConfig
 from axoplan.search.fit import memory_fit
 
-__all__ = ["render_job_script", "job_values", "time_warning", "payload_env", "check_bash_syntax", "submit_command",
-           "EXECUTOR_PAYLOAD", "SCRIPT_NAME", "PLAN_NAME"]
+__all__ = ["render_job_script", "Job", "plan_job", "queue_choice", "time_warning", "payload_env",
+           "check_bash_syntax", "submit_command", "benchmark_spend", "fill_shell", "one_line", "EXECUTOR_PAYLOAD",
+           "SCRIPT_NAME", "PLAN_NAME"]
 
 SCRIPT_NAME = "job.sh"
 PLAN_NAME = "plan.json"
 EXECUTOR_PAYLOAD = 'python -u -m axoplan run "$AXOPLAN_PLAN"'
 _INDENT = "    "
-_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.:+/@-]+")  # what a value in a scheduler directive may be
-_MODULE = re.compile(r"[A-Za-z0-9_.:+/@%,=-]+")  # a module name, or a module path to add
 
 
 def require_launcher(machine: Machine) -> LauncherSpec:
@@ -65,49 +51,52 @@ def require_launcher(machine: Machine) -> LauncherSpec:
     return machine.launcher
 
 
-def job_values(plan: LaunchConfig, machine: Machine, settings: JobSettings, name: str) -> dict[str, str]:
-    """Every placeholder's value for this plan: site values, nodes, tasks, wall time, job name."""
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One plan's job, worked out once (:func:`plan_job`) and passed to everything that writes or warns.
+
+    `choice` is the queue and the split into chained jobs (None: the machine lists no queues, or none holds
+    `nodes`); `walltime_s` the wall time of each job (--time, else the chosen queue's, else the predicted);
+    `values` every placeholder's value."""
+
+    plan: LaunchConfig
+    nodes: int
+    margin_minutes: float
+    choice: QueueChoice | None
+    walltime_s: int
+    values: dict[str, str]
+
+
+def plan_job(plan: LaunchConfig, machine: Machine, settings: JobSettings, name: str) -> Job:
+    """`plan`'s job: nodes, start-up margin, queue (chosen once, :func:`queue_choice`), wall time and every
+    placeholder's value; `name` is the plan's folder (the job's name is ``axoplan-<name>``)."""
     launcher = require_launcher(machine)
     nodes, per_node = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes,
                                   machine.name)
     if plan.prediction is None:
         raise AxoplanError(f"launch config {plan.plan_id} has no prediction, so no wall time can be set; "
                            f"export it from a ranking")
-    wall = walltime_s(plan.prediction.t_step_s, settings.iterations, job_margin(machine, nodes, settings))
+    margin = job_margin(machine, nodes, settings)
+    wall = walltime_s(plan.prediction.t_step_s, settings.iterations, margin)
     site = site_values(launcher, settings.site)
     choice = queue_choice(plan, machine, settings)
     if choice is not None:
         wall = choice.walltime_s
-    if settings.walltime_override_s is not None:
-        wall = settings.walltime_override_s
-    if choice is not None:
-        for key in ("partition", "qos", "queue"):
+        for key in ("partition", "qos", "queue"):  # the queue's own, unless the user gave one
             if getattr(settings.site, key) is None and getattr(choice.queue, key) is not None:
                 site[key] = getattr(choice.queue, key)
-    _check_site_values(site, machine.name)
-    return {**site, "nodes": str(nodes), "tasks": str(plan.world_size),
-            "tasks_per_node": str(per_node), "gpus_per_node": str(per_node),
-            "walltime": scheduler(launcher.scheduler).format_walltime(wall),
-            "job_name": f"axoplan-{name}", "plan_id": plan.plan_id}
-
-
-def _check_site_values(site: dict[str, str], machine: str) -> None:
-    """Site values from the machine YAML (defaults, queues) obey the rules the flags do (job.SiteSettings)."""
-    for name, value in site.items():
-        if value in ("", placeholder_text(name)):
-            continue
-        if name in SCHEDULER_NAMES:
-            if not SCHEDULER_NAME.fullmatch(value):
-                raise AxoplanError(f"machine {machine!r} gives {name} {value!r}, which goes into a scheduler directive "
-                                   f"and may hold only letters, digits and _ . : + -; fix its launcher block, or pass "
-                                   f"--{name}")
-        elif (reason := unsafe_text(value)) is not None:
-            raise AxoplanError(f"machine {machine!r} gives {name} {value!r}, which holds {reason}; fix its launcher "
-                               f"block, or pass --{name.replace('_', '-')}")
+    if settings.walltime_override_s is not None:
+        wall = settings.walltime_override_s
+    values = {**site, "nodes": str(nodes), "tasks": str(plan.world_size),
+              "tasks_per_node": str(per_node), "gpus_per_node": str(per_node),
+              "walltime": scheduler(launcher.scheduler).format_walltime(wall),
+              "job_name": f"axoplan-{name}", "plan_id": plan.plan_id}
+    return Job(plan, nodes, margin, choice, wall, values)
 
 
 def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> QueueChoice | None:
-    """The machine's queue for this job and its split into chained jobs (None: no queues, or none holds it)."""
+    """The machine's queue for this job and its split into chained jobs (None: no queues, or none holds it).
+    :func:`plan_job` calls it once per plan; everything else reads :attr:`Job.choice`."""
     launcher = require_launcher(machine)
     if not launcher.queues or plan.prediction is None:
         return None
@@ -116,40 +105,37 @@ def queue_choice(plan: LaunchConfig, machine: Machine, settings: JobSettings) ->
                         job_margin(machine, nodes, settings))
 
 
-def time_warning(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> str | None:
+def time_warning(job: Job, settings: JobSettings) -> str | None:
     """One line when --time asks for more than the chosen queue allows, or less than the job's predicted need."""
-    asked = settings.walltime_override_s
+    asked, plan, choice = settings.walltime_override_s, job.plan, job.choice
     if asked is None or plan.prediction is None:
         return None
-    choice = queue_choice(plan, machine, settings)
     if choice is not None and asked > choice.queue.max_walltime_minutes * 60:
         return (f"--time {format_hms(asked)} exceeds queue {choice.queue.name}'s limit of "
                 f"{format_hms(choice.queue.max_walltime_minutes * 60)} {choice.queue.source}; the scheduler "
                 f"will refuse or cap the job")
-    nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
     needed = choice.walltime_s if choice is not None else walltime_s(
-        plan.prediction.t_step_s, settings.iterations, job_margin(machine, nodes, settings))
+        plan.prediction.t_step_s, settings.iterations, job.margin_minutes)
     if asked < needed:
         return (f"--time {format_hms(asked)} is under the predicted {format_hms(needed)} a job needs "
-                f"({_job_iterations(plan, machine, settings)} iterations + margin); it may be stopped before it ends")
+                f"({_job_iterations(job, settings)} iterations + margin); it may be stopped before it ends")
     return None
 
 
-def benchmark_spend(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> str | None:
+def benchmark_spend(job: Job, settings: JobSettings) -> str | None:
     """What a long export of the built-in benchmark spends, as a phrase; None for a short test or a --command.
 
     Long: --tokens, or a run the queues split into chained jobs. Node-hours are the run's
     (nodes x iterations x predicted s/iter; with --tokens, the plan's training cost)."""
+    plan = job.plan
     if settings.command is not None or plan.prediction is None:
         return None
-    choice = queue_choice(plan, machine, settings)
-    jobs = choice.jobs if choice is not None else 1
+    jobs = job.choice.jobs if job.choice is not None else 1
     if settings.tokens is None and jobs == 1:
         return None
-    nodes, _ = node_counts(plan.world_size, machine.devices_per_node, settings.allow_partial_nodes, machine.name)
-    node_hours = nodes * settings.iterations * plan.prediction.t_step_s / 3600
+    node_hours = job.nodes * settings.iterations * plan.prediction.t_step_s / 3600
     return (f"{settings.iterations:,} iterations of axoplan's synthetic benchmark, not training: "
-            f"{jobs} job{'s' if jobs > 1 else ''} on {nodes:,} node{'s' if nodes > 1 else ''}, about "
+            f"{jobs} job{'s' if jobs > 1 else ''} on {job.nodes:,} node{'s' if job.nodes > 1 else ''}, about "
             f"{node_hours:,.0f} node-hours")
 
 
@@ -180,38 +166,41 @@ def payload_env(plan: LaunchConfig, settings: JobSettings) -> dict[str, str]:
     return env
 
 
-def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSettings, name: str, rank: int) -> str:
-    """The job script for `plan`, checked with ``bash -n``; `name` is its folder, `rank` its place in the ranking."""
+def render_job_script(plan: LaunchConfig, machine: Machine, settings: JobSettings, name: str, rank: int,
+                      job: Job | None = None) -> str:
+    """The job script for `plan`, checked with ``bash -n``; `name` is its folder, `rank` its place in the ranking,
+    `job` its :func:`plan_job` where the caller has it already (else it is worked out here)."""
     launcher = require_launcher(machine)
-    values = job_values(plan, machine, settings, name)
+    job = plan_job(plan, machine, settings, name) if job is None else job
+    values = job.values
     conventions = scheduler(launcher.scheduler)
     parts = [
-        ["#!/bin/bash", *map(one_line, _comments(plan, machine, settings, values, rank)),
-         *_header(launcher, values, machine.name), *_staging_header(launcher, values, machine.name)],
+        ["#!/bin/bash", *map(one_line, _comments(job, machine, settings, rank)),
+         *_header(launcher, values), *_staging_header(launcher, values)],
         ["set -eo pipefail", *([conventions.start] if conventions.start else [])],
-        _modules(launcher, values, machine.name),
+        _modules(launcher, values),
         _exports(launcher.env, values, machine.name),
         _setup(launcher, values, machine.name),
         _staging_setup(launcher, values, machine.name),
         _plan_block(plan, settings),
-        [one_line(line) for line in _chain_block(queue_choice(plan, machine, settings), settings, conventions)],
-        _launch(launcher, values, _payload(settings), machine.name),
+        [one_line(line) for line in _chain_block(job.choice, settings, conventions)],
+        _launch(launcher, values, EXECUTOR_PAYLOAD if settings.command is None else settings.command, machine.name),
     ]
     text = "\n\n".join("\n".join(p) for p in parts if p) + "\n"
     check_bash_syntax(text, f"the job script for machine {machine.name!r}")
     return text
 
 
-def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, values: dict[str, str],
-              rank: int) -> list[str]:
+def _comments(job: Job, machine: Machine, settings: JobSettings, rank: int) -> list[str]:
+    plan, values = job.plan, job.values
     lay, pred = plan.layout, plan.prediction
-    assert pred is not None  # job_values refused a plan without one
+    assert pred is not None  # plan_job refused a plan without one
     init = " ".join(f"{k}={v}" for k, v in plan.axonn_init.items())
     opts = ["recompute" if plan.recompute else "no recompute"]
     if plan.cache_weights and lay.gz > 1:
         opts.append("cached weights")
-    predicted = (f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(plan, machine, settings)} "
-                 f"iterations + {_margin(plan, machine, settings, values):g} min margin")
+    predicted = (f"# predicted {pred.t_step_s:.3f} s/iteration x {_job_iterations(job, settings)} "
+                 f"iterations + {job.margin_minutes:g} min margin")
     lines = [
         f"# axoplan export, rank {rank}: {plan.model.name} on {plan.world_size} x {machine.device.name} "
         f"({machine.name}), {_count(values['nodes'], 'node')}",
@@ -225,7 +214,7 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
         f"# memory per GPU: {memory_fit(pred.mem_total_bytes, machine, plan.options.framework).describe()}",
         *([f"# {describe_cost(plan.training)}"] if plan.training is not None else []),
         *([f"# BENCHMARK, NOT TRAINING: this job runs {spend}"]
-          if (spend := benchmark_spend(plan, machine, settings)) is not None else []),
+          if (spend := benchmark_spend(job, settings)) is not None else []),
         f"# plan {plan.plan_id}; its launch config is {PLAN_NAME}, next to this script",
     ]
     launcher = require_launcher(machine)
@@ -234,7 +223,7 @@ def _comments(plan: LaunchConfig, machine: Machine, settings: JobSettings, value
     else:
         where = "on the node" if values["nodes"] == "1" else f"on each of the {values['nodes']} nodes at once"
         lines += [f"# run from this folder {where}:",
-                  f"#   {submit_command(require_launcher(machine))}"]
+                  f"#   {submit_command(launcher)}"]
     return lines
 
 
@@ -258,14 +247,9 @@ def _count(number: str | int, noun: str) -> str:
     return f"{number} {noun}{'' if str(number) == '1' else 's'}"
 
 
-def _margin(plan: LaunchConfig, machine: Machine, settings: JobSettings, values: dict[str, str]) -> float:
-    return job_margin(machine, int(values["nodes"]), settings)
-
-
-def _job_iterations(plan: LaunchConfig, machine: Machine, settings: JobSettings) -> int:
+def _job_iterations(job: Job, settings: JobSettings) -> int:
     """Iterations of one job: all of them, or at most a chained job's share."""
-    choice = queue_choice(plan, machine, settings)
-    return settings.iterations if choice is None else choice.iterations_per_job
+    return settings.iterations if job.choice is None else job.choice.iterations_per_job
 
 
 def _exports(env: dict[str, str], values: dict[str, str], machine: str) -> list[str]:
@@ -277,51 +261,28 @@ def _exports(env: dict[str, str], values: dict[str, str], machine: str) -> list[
     return lines
 
 
-def _header(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
+def _header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
     """The scheduler's directive lines; a line that uses an empty site value (e.g. no QOS) is left out."""
     out = []
     for line in launcher.header:
         if any(values[p] == "" for p in placeholders_in(line) if p in SITE_VALUES):
             continue
-        out.append(_directive(scheduler(launcher.scheduler), line, values, f"machine {machine!r} launcher.header"))
+        out.append(_directive(scheduler(launcher.scheduler), line, values))
     return out
 
 
-def _directive(conventions: Scheduler, line: str, values: dict[str, str], where: str) -> str:
-    """The directive prefix (``#SBATCH``) + the filled line; nothing can be quoted there, so every value in it must
-    be a plain word."""
-    prefix = conventions.directive_line("").strip()
-    for name in placeholders_in(line):
-        value = values[name]
-        if value != placeholder_text(name) and not _DIRECTIVE_VALUE.fullmatch(value):
-            raise AxoplanError(f"{_option(name)} {value!r} cannot go into the {prefix} line {line!r} of {where}: "
-                               f"only letters, digits and _ . : + / @ - can be written there")
-    text = fill(line, values)
-    if has_control(text):
-        raise AxoplanError(f"{where} line {line!r} holds a line break or other control character")
-    return conventions.directive_line(text)
+def _directive(conventions: Scheduler, line: str, values: dict[str, str]) -> str:
+    """The directive prefix (``#SBATCH``) + the filled line (every value in it a directive word: checked when the
+    machine was read and the values given)."""
+    return conventions.directive_line(fill(line, values))
 
 
-def _modules(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
+def _modules(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
     """``module use`` for each module path, then ``module load`` for each module, in order."""
     lines = []
-    for verb, field, entries in (("use", "module_use", launcher.module_use), ("load", "modules", launcher.modules)):
-        for entry in entries:
-            name = fill(entry, values)
-            if not _MODULE.fullmatch(name):
-                raise AxoplanError(f"machine {machine!r} launcher.{field} entry {entry!r} is not a module name or path "
-                                   f"(letters, digits and _ . : + / @ % , = -); fix its launcher block")
-            lines.append(f"module {verb} {name}")
+    for verb, entries in (("use", launcher.module_use), ("load", launcher.modules)):
+        lines += [f"module {verb} {fill(entry, values)}" for entry in entries]
     return lines
-
-
-def _payload(settings: JobSettings) -> str:
-    if settings.command is None:
-        return EXECUTOR_PAYLOAD
-    problem = command_problem(settings.command)
-    if problem is not None:  # JobSettings refuses it first; kept for settings built some other way
-        raise AxoplanError(f"--command {settings.command!r}: {problem}")
-    return settings.command
 
 
 def _option(name: str) -> str:
@@ -339,67 +300,27 @@ def one_line(text: str) -> str:
 def fill_shell(text: str, values: dict[str, str], where: str, *, quote: str = "", nested: bool = False) -> str:
     """Fill the placeholders of a shell line, each value quoted for where it stands.
 
-    A value outside quotes is ``shlex.quote``d (in double quotes instead when `nested`: the line
-    runs inside ``bash -c '...'``); one inside double or single quotes goes in as it is, and is
-    refused if it holds what would end those quotes or expand there. `quote` is the quoting the
-    line starts in (``'"'``: the line is written inside double quotes). ``$(...)`` and backquotes
-    start a new, unquoted level, so a placeholder inside one is quoted as well.
+    The line's quoting is read by :func:`axoplan.inputs.shell.scan_shell` (`quote` is the quoting it starts
+    in: ``'"'`` when the line is written inside double quotes) and each value written by
+    :func:`axoplan.inputs.shell.quote_for` (`nested`: the line runs inside ``bash -c '...'``). A value that no
+    quoting can write there (an unchecked one: the checked ones never are) is refused naming its option.
     """
-    stack = [quote]  # "" unquoted, "'" or '"' quoted, "(" or "`" inside a command substitution (unquoted)
-    out: list[str] = []
-    i = 0
-    while i < len(text):
+    def value_end(i: int) -> int | None:
         m = PLACEHOLDER.match(text, i)
-        if m is not None and m.group(1) in values:
-            out.append(_quoted(values[m.group(1)], m.group(1), stack[-1], nested, text, where))
-            i = m.end()
+        return m.end() if m is not None and m.group(1) in values else None
+
+    out = []
+    for piece in scan_shell(text, quote, value_end)[0]:
+        if not piece.kept:
+            out.append(piece.text)
             continue
-        c, top = text[i], stack[-1]
-        step = 1
-        if top == "'":
-            if c == "'":
-                stack.pop()
-        elif c == "\\":
-            step = 2
-        elif c == "$" and text.startswith("$(", i):
-            stack.append("(")
-            step = 2
-        elif c == "`":
-            if top == "`":
-                stack.pop()
-            else:
-                stack.append("`")
-        elif top == '"':
-            if c == '"':
-                stack.pop()
-        elif c in "'\"":
-            stack.append(c)
-        elif c == "(":
-            stack.append("(")
-        elif c == ")" and top == "(":
-            stack.pop()
-        out.append(text[i:i + step])
-        i += step
-        if not stack:  # more closing quotes than opening ones: the line itself is odd; keep counting from here
-            stack.append("")
+        name = piece.text[1:-1]
+        try:
+            out.append(quote_for(values[name], piece.context, nested=nested))
+        except Unquotable as what:
+            raise AxoplanError(f"{_option(name)} {values[name]!r} cannot go into the line {text!r} of {where}: it "
+                               f"holds {what}") from None
     return "".join(out)
-
-
-def _quoted(value: str, name: str, context: str, nested: bool, line: str, where: str) -> str:
-    if context in ("", "(", "`"):
-        if shlex.quote(value) == value:
-            return value
-        if not nested:
-            return shlex.quote(value)
-        context = '"'
-        wrap = True
-    else:
-        wrap = False
-    bad = {"'": "'", '"': '"$`\\'}[context]
-    if has_control(value) or any(c in bad for c in value):
-        what = "a control character" if has_control(value) else "a quote, $, backquote or backslash"
-        raise AxoplanError(f"{_option(name)} {value!r} cannot go into the line {line!r} of {where}: it holds {what}")
-    return f'"{value}"' if wrap else value
 
 
 def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
@@ -412,14 +333,13 @@ def _plan_block(plan: LaunchConfig, settings: JobSettings) -> list[str]:
         f"{_INDENT}exit 1",
         "fi",
     ]
-    return lines + [f"export {k}={shlex.quote(v)}" for k, v in payload_env(plan, settings).items()]
+    return lines + [f"export {k}={quote_for(v)}" for k, v in payload_env(plan, settings).items()]
 
 
-def _staging_header(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:
+def _staging_header(launcher: LauncherSpec, values: dict[str, str]) -> list[str]:
     if launcher.staging is None or not staged(launcher.staging, int(values["nodes"])):
         return []
-    return [_directive(scheduler(launcher.scheduler), line, values, f"machine {machine!r} launcher.staging.header")
-            for line in launcher.staging.header]
+    return [_directive(scheduler(launcher.scheduler), line, values) for line in launcher.staging.header]
 
 
 def _setup(launcher: LauncherSpec, values: dict[str, str], machine: str) -> list[str]:

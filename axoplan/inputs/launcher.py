@@ -15,6 +15,7 @@ never a placeholder.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Final, Literal
 
 from pydantic import Field, model_validator
@@ -23,10 +24,18 @@ from axoplan.errors import closest_hint
 from axoplan.inputs.queues import QueueLimit
 from axoplan.inputs.schedulers import SchedulerName, scheduler
 from axoplan.inputs.schema import Frozen
+from axoplan.inputs.shell import (
+    MODULE_WORD,
+    MODULE_WORD_RULE,
+    directive_word_problem,
+    has_control,
+    scan_shell,
+    unsafe_text,
+)
 from axoplan.inputs.staging import StagingSpec
 
-__all__ = ["LauncherSpec", "SITE_VALUES", "JOB_VALUES", "PLACEHOLDERS", "PLACEHOLDER", "fill", "placeholders_in",
-           "placeholder_text", "TorchDevice", "EXECUTOR_DEVICES", "executor_drives"]
+__all__ = ["LauncherSpec", "SITE_VALUES", "SCHEDULER_NAMES", "JOB_VALUES", "PLACEHOLDERS", "PLACEHOLDER", "fill",
+           "placeholders_in", "placeholder_text", "TorchDevice", "EXECUTOR_DEVICES", "executor_drives"]
 
 TorchDevice = Literal["cuda", "xpu", "cpu"]
 """PyTorch's device type of a machine's devices, as its PyTorch build reports them: 'cuda' for NVIDIA GPUs and
@@ -47,6 +56,9 @@ def executor_drives(device: str) -> bool:
 SITE_VALUES: Final = ("account", "partition", "qos", "python_env", "container", "queue", "net_plugin")
 """Values that belong to the user or the site: flags, AXOPLAN_* variables, YAML defaults, else ``<NAME>``."""
 
+SCHEDULER_NAMES: Final = ("account", "partition", "qos", "queue")
+"""The site values that are scheduler names: always directive words (axoplan.inputs.shell.DIRECTIVE_WORD)."""
+
 JOB_VALUES: Final = ("nodes", "tasks", "tasks_per_node", "gpus_per_node", "walltime", "job_name", "plan_id")
 """Values computed per exported layout."""
 
@@ -59,6 +71,14 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def placeholders_in(text: str) -> list[str]:
     """Names of the ``{name}`` placeholders in `text`, in order."""
     return PLACEHOLDER.findall(text)
+
+
+def _placeholder_end(text: str) -> Callable[[int], int | None]:
+    """For :func:`axoplan.inputs.shell.scan_shell`: the end of the ``{name}`` placeholder at i, if one starts there."""
+    def end(i: int) -> int | None:
+        m = PLACEHOLDER.match(text, i)
+        return m.end() if m is not None else None
+    return end
 
 
 def placeholder_text(name: str) -> str:
@@ -137,7 +157,58 @@ class LauncherSpec(Frozen):
             if "'" in text:
                 raise ValueError(f"task_env and task_setup run inside bash -c '...' and cannot hold a single "
                                  f"quote: {text!r}")
+        self._check_site_values()
         return self
+
+    def _check_site_values(self) -> None:
+        """What the exporter writes as it is, checked once here (axoplan.inputs.shell): directive lines, module
+        entries, the values written inside double quotes, and the site values this block gives."""
+        for field, lines in (("header", self.header), ("staging.header", self.staging.header if self.staging else ())):
+            for line in lines:
+                if has_control(line):
+                    raise ValueError(f"launcher.{field} line {line!r} holds a line break or other control character")
+        for field, entries in (("module_use", self.module_use), ("modules", self.modules)):
+            for entry in entries:
+                if not MODULE_WORD.fullmatch(PLACEHOLDER.sub("x", entry)):
+                    raise ValueError(f"launcher.{field} entry {entry!r} is not a module name or path "
+                                     f"({MODULE_WORD_RULE}); fix its launcher block")
+        for field, env in (("env", self.env), ("task_env", self.task_env)):
+            for key, value in env.items():
+                pieces, end = scan_shell(value, '"', _placeholder_end(value))
+                if end != '"' or (pieces and pieces[-1].text == "\\"):
+                    raise ValueError(f"launcher.{field} {key} {value!r} is written inside double quotes "
+                                     f"({key}=\"...\") and would not leave them closed, so the job script does not "
+                                     f"parse as bash; fix its launcher block")
+        for name, value in self.defaults.items():
+            problem = self.site_value_problem(name, value)
+            if problem is not None:
+                raise ValueError(f"launcher.defaults gives {name} {value!r}, which {problem}; fix its launcher "
+                                 f"block, or leave it out and pass --{name.replace('_', '-')}")
+
+    def site_value_problem(self, name: str, value: str) -> str | None:
+        """Why `value` cannot be site value `name` in this block's job scripts (None: it can).
+
+        One rule, by where the value stands (axoplan.inputs.shell): an account, partition, QOS or queue, or
+        any value in a directive line, is a directive word; a value in a module entry a module word; any
+        other value shell-safe text (the script quotes it). '' leaves out the directive lines using it.
+        """
+        if value == "":
+            return None
+        directives = (*self.header, *(self.staging.header if self.staging else ()))
+        line = next((d for d in directives if name in placeholders_in(d)), None)
+        if line is not None or name in SCHEDULER_NAMES:
+            problem = directive_word_problem(value)
+            if problem is None:
+                return None
+            prefix = scheduler(self.scheduler).directive
+            where = (f"the {prefix.strip()} line {line!r}" if line is not None and prefix is not None
+                     else "a scheduler directive (an #SBATCH, #PBS or # flux: line)")
+            return f"goes into {where}, where nothing can be quoted, so it {problem}"
+        entry = next((e for e in (*self.module_use, *self.modules) if name in placeholders_in(e)), None)
+        if entry is not None and not MODULE_WORD.fullmatch(value):
+            return f"goes into the module entry {entry!r}, so it may hold only {MODULE_WORD_RULE}"
+        reason = unsafe_text(value)
+        return None if reason is None else f"holds {reason}, which would change the job script's meaning"
 
     def _texts(self) -> tuple[str, ...]:
         staging = (*self.staging.header, *self.staging.setup) if self.staging else ()

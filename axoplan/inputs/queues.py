@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from axoplan.errors import AxoplanError
 from axoplan.inputs.schema import Frozen
+from axoplan.inputs.shell import directive_word_problem
 
 __all__ = ["QueueLimit", "QueueChoice", "choose_queue"]
 
@@ -36,6 +37,14 @@ class QueueLimit(Frozen):
     min_nodes: PositiveInt = 1
     max_nodes: PositiveInt
     source: str = Field(description="Where the limit is documented, e.g. '[doc OLCF]'.")
+
+    @field_validator("partition", "qos", "queue")
+    @classmethod
+    def _directive_word(cls, v: str | None) -> str | None:
+        problem = directive_word_problem(v) if v is not None else None
+        if problem is not None:
+            raise ValueError(f"goes into a scheduler directive, where nothing can be quoted, so it {problem}")
+        return v
 
     @model_validator(mode="after")
     def _range(self) -> QueueLimit:
