@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import sys
@@ -35,6 +36,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,7 @@ VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "slic
             "_reshape_alias", "chunk", "narrow", "diagonal", "unflatten", "flatten", "view_as", "movedim",
             "expand_as", "_to_copy_view", "lift_fresh_copy", "_local_scalar_dense", "is_same_size", "sym_size",
             "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "arange", "scalar_tensor",
-            "_has_compatible_shallow_copy_type", "set_", "resize_"}
+            "_has_compatible_shallow_copy_type", "set_", "resize_", "view_as_complex", "view_as_real"}
 
 
 def op_class(name: str) -> str:
@@ -66,7 +68,7 @@ def op_class(name: str) -> str:
         return "gemm"
     if "scaled_dot_product" in base or "flash_attention" in base or "efficient_attention" in base:
         return "attention"
-    if "layer_norm" in base or "rms_norm" in base or "group_norm" in base:
+    if "layer_norm" in base or "rms_norm" in base or "group_norm" in base:  # also axoplan_trace's fused_rms_norm
         return "norm"
     if base in {"log_softmax", "log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward",
                 "nll_loss2d_forward", "nll_loss2d_backward"}:
@@ -74,7 +76,7 @@ def op_class(name: str) -> str:
     if "fused_adam" in base or "fused_sgd" in base:
         return "optimizer"  # one multi-tensor kernel per chunk of tensors; foreach ops are element-wise kernels
     if base in {"to_copy", "copy", "copy_", "clone", "cat", "stack", "contiguous", "constant_pad_nd", "index_select",
-                "embedding", "gather", "index", "masked_fill"}:
+                "embedding", "gather", "index", "masked_fill", "split_with_sizes_copy", "chunk_cat"}:
         return "copy_cast"
     if base in {"sum", "mean", "amax", "max", "min", "argmax", "topk", "sort", "softmax", "softmax_backward_data",
                 "norm", "linalg_vector_norm", "any", "all", "cumsum", "var_mean"}:
@@ -146,6 +148,12 @@ def cuda_autocast_on_cpu() -> Iterator[None]:
         del lib
 
 
+FLAT_BUFFER_OPS = ("split_with_sizes_copy.default", "chunk_cat.default")
+"""FSDP2's copy-out of an all-gather into the unsharded parameters and copy-in of the gradients into the
+reduce-scatter buffer (``torch.ops.fsdp``): one kernel per unit whose flat buffer is the sum of its parameters'
+sizes, which is no monomial; each is recorded as its pieces (the bytes are the same)."""
+
+
 class Recorder(TorchDispatchMode):
     """Every aten op below autograd, with its tensors, tagged by the scope set on `self.scope`."""
 
@@ -169,10 +177,17 @@ class Recorder(TorchDispatchMode):
         name = f"{func._schema.name.split('::')[-1]}.{func._overloadname}"
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = _unique([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)] + _mutated(func, args, kwargs))
+        sizes_in = [(t.numel(), t.element_size()) for t in ins]
+        sizes_out = [(t.numel(), t.element_size()) for t in outs]
+        if name in FLAT_BUFFER_OPS:  # a unit's flat buffer as its parameters' pieces, each a monomial
+            pieces = outs if name.startswith("split") else ins[:-1]
+            flat = ins[0] if name.startswith("split") else outs[0]
+            sizes_in = [(t.numel(), (flat if name.startswith("split") else t).element_size()) for t in pieces]
+            sizes_out = [(t.numel(), (t if name.startswith("split") else flat).element_size()) for t in pieces]
         self.ops[self.scope].append({
             "op": name,
-            "in": [(t.numel(), t.element_size()) for t in ins],
-            "out": [(t.numel(), t.element_size()) for t in outs],
+            "in": sizes_in,
+            "out": sizes_out,
             "shapes": [tuple(t.shape) for t in ins],
             "region": self.gemms_seen,
         })
@@ -197,10 +212,12 @@ def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 @contextmanager
-def saved_bytes(recorder: Recorder, saved: dict[str, list[tuple[int, int]]]) -> Iterator[None]:
+def saved_bytes(recorder: Recorder, saved: dict[str, list[tuple[int, int]]],
+                skip: set[int] | None = None) -> Iterator[None]:
     """What autograd keeps for the backward, per scope, each storage once (its bytes, and how many GEMMs of the
-    scope came before it: its activation axis)."""
-    seen: set[int] = set()
+    scope came before it: its activation axis); storages in `skip` (FSDP's unsharded parameters, freed after the
+    forward) are not counted."""
+    seen: set[int] = set(skip or ())
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage().data_ptr()
@@ -393,6 +410,187 @@ def trace_executor_step(family: str, dims: dict[str, int], precision: str) -> tu
     return dict(rec.ops), dict(saved), sum(p.numel() for p in model.parameters())
 
 
+def build_torchtitan(dims: dict[str, int]) -> Any:
+    """A one-block torchtitan Llama 3 (``torchtitan/models/llama3/__init__.py``: ``_build_llama3_layers`` with
+    ComplexRoPE, RMSNorm, SwiGLU FFN; untied LM head as the 8B flavour), bf16 compute weights (FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=bf16)``: ``torchtitan/config/configs.py`` ``mixed_precision_param``).
+
+    Two departures, both stated in the ledger's documentation (``docs/algorithm.md`` §5e): the flavours fuse Q, K and
+    V into one ``wqkv`` (``fuse_qkv=True``), whose ``H·(NH + 2·KV)·H/NH`` elements are no monomial, so the block is
+    traced with torchtitan's own unfused ``QKVLinear`` (``fuse_qkv=False``: the same bytes, two more GEMM kernels
+    forward and four more backward than the fused code launches); and its language-model attention backends (flex,
+    varlen: ``models/common/config_utils.py``), one fused kernel each way on a GPU, cannot run on CPU, so its own
+    ``ScaledDotProductAttention`` module stands in (the same causal attention, one attention op each way)."""
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import (
+        _EMBEDDING_INIT,
+        _NORM_INIT,
+        Llama3Model,
+        _build_llama3_layers,
+        _output_linear_init,
+    )
+
+    h, nh, kv, f, v, s = dims["H"], dims["NH"], dims["KV"], dims["F"], dims["V"], dims["S"]
+    cfg = Llama3Model.Config(
+        dim=h, vocab_size=v, tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=h,
+                                                             param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=h, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=h, out_features=v, param_init=_output_linear_init(h)),
+        layers=_build_llama3_layers(fuse_qkv=False, n_layers=1, dim=h, n_heads=nh, n_kv_heads=kv, hidden_dim=f,
+                                    rope=ComplexRoPE.Config(dim=h // nh, max_seq_len=s, theta=500000,
+                                                            scaling="llama"), attn_backend="flex"))
+    torch.manual_seed(0)
+    model = cfg.build()
+    for block in model.layers.values():
+        block.attention.inner_attention = ScaledDotProductAttention(ScaledDotProductAttention.Config())
+    for norm in [m for m in model.modules() if isinstance(m, RMSNorm)]:
+        norm.forward = _fused_rms_norm_of(norm)  # type: ignore[method-assign]
+    model = model.to(torch.bfloat16)
+    model.train()
+    return model
+
+
+@cache
+def _fused_rms_norm_function() -> Any:
+    """``F.rms_norm`` as CUDA runs it: one ``_fused_rms_norm`` kernel forward and one ``_fused_rms_norm_backward``
+    backward (``aten/src/ATen/native/layer_norm.cpp``: ``rms_norm_symint`` dispatches to ``_fused_rms_norm`` on every
+    device but MPS; on CPU that op decomposes into eight element-wise ops, which the tracer would record). Two
+    library ops with the same inputs and outputs stand for the two kernels (recorded as ``rms_norm``: class norm)."""
+    lib = torch.library.Library("axoplan_trace", "FRAGMENT")
+    lib.define("fused_rms_norm(Tensor x, Tensor w, float eps) -> (Tensor, Tensor)")
+    lib.define("fused_rms_norm_backward(Tensor dy, Tensor x, Tensor rstd, Tensor w) -> (Tensor, Tensor)")
+
+    def forward(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        return (x.float() * rstd * w.float()).to(x.dtype), rstd
+
+    def backward(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+        xhat, g = x.float() * rstd, dy.float() * w.float()
+        dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (dy.float() * xhat).reshape(-1, x.shape[-1]).sum(0).to(w.dtype)
+
+    lib.impl("fused_rms_norm", forward, "CPU")
+    lib.impl("fused_rms_norm_backward", backward, "CPU")
+    _LIBS.append(lib)
+    fwd, bwd = torch.ops.axoplan_trace.fused_rms_norm.default, torch.ops.axoplan_trace.fused_rms_norm_backward.default
+
+    class FusedRMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+            y, rstd = fwd(x, w, eps)
+            ctx.save_for_backward(x, rstd, w)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+            x, rstd, w = ctx.saved_tensors
+            dx, dw = bwd(dy, x, rstd, w)
+            return dx, dw, None
+
+    return FusedRMSNorm
+
+
+_LIBS: list[Any] = []
+
+
+def _fused_rms_norm_of(norm: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    fn = _fused_rms_norm_function()
+    return lambda x: fn.apply(x, norm.weight, norm.eps)
+
+
+def trace_torchtitan_step(family: str, dims: dict[str, int], precision: str) -> tuple[
+        dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int]]], int]:
+    """torchtitan's training step (``torchtitan/trainer.py``) of a one-block Llama 3 as FSDP2 runs it on one rank
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``): before a block's forward, and again before its
+    backward (``reshard_after_forward``), the all-gathered bf16 shards are copied out into the unsharded parameters
+    (``fsdp.split_with_sizes_copy``); after the backward each unit's bf16 gradients are copied into the fp32
+    reduce-scatter buffer (``fsdp.chunk_cat``, ``reduce_dtype=float32``); fused AdamW (``components/optimizer``'s
+    default ``implementation: fused``) steps the fp32 sharded parameters with the fp32 gradients. The loss is
+    ``components/loss.py``'s ``cross_entropy_loss`` (the logits ``.float()``, then ``F.cross_entropy``, sum
+    reduction) on the whole sequence (the 8B config's ``ChunkedLossWrapper`` runs the same ops per token in 8
+    sequence chunks). The unsharded parameters FSDP2 frees after the forward are not activations: they are left out
+    of the saved tensors (the profile's ``gathered_units`` counts them). What scales as 1/Gz (the shard's fp32 ->
+    bf16 cast before the all-gather, the reduce-scattered shard) is left out: it vanishes with Z over all GPUs."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  (registers torch.ops.fsdp)
+    from torchtitan.components.loss import cross_entropy_loss
+
+    model = build_torchtitan(dims)
+    master = {n: p.detach().float().clone().requires_grad_(True) for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(list(master.values()), lr=3e-4, fused=True)
+    ids = torch.randint(0, dims["V"], (dims["B"], dims["S"]))
+    block = next(iter(model.layers.values()))
+    block_names = {n for n, _ in model.named_parameters() if n.startswith("layers.")}
+
+    flat = {}  # each unit's all-gather output (made before tracing: it stands for the collective's result)
+
+    def gather(names: set[str]) -> None:  # foreach_all_gather_copy_out: all-gather output -> unsharded params
+        params = [p for n, p in model.named_parameters() if n in names]
+        key = min(names)
+        if key not in flat:
+            flat[key] = torch.cat([p.detach().reshape(-1) for p in params])[None]
+        torch.ops.fsdp.split_with_sizes_copy(flat[key], [p.numel() for p in params], dim=1,
+                                             out=[p.detach().view(1, -1) for p in params])
+
+    def reduce(names: set[str]) -> None:  # foreach_reduce_scatter_copy_in: bf16 gradients -> fp32 buffer
+        grads = [p.grad for n, p in model.named_parameters() if n in names and p.grad is not None]
+        out = torch.empty(1, sum(g.numel() for g in grads), dtype=torch.float32)
+        torch.ops.fsdp.chunk_cat(grads, 0, 1, out=out)
+        offset = 0
+        for n, p in model.named_parameters():
+            if n in names and p.grad is not None:
+                master[n].grad = out.view(-1)[offset:offset + p.numel()].view_as(master[n])
+                offset += p.numel()
+
+    def loss_of() -> torch.Tensor:
+        logits = model(ids)
+        return cross_entropy_loss(logits, ids)
+
+    rest_names = {n for n, _ in model.named_parameters()} - block_names
+    gather(block_names)
+    gather(rest_names)
+    loss_of().backward()  # one step untraced: the optimizer's states exist
+    reduce(block_names)
+    reduce(rest_names)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+    rec = Recorder()
+    saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
+
+    def setter(scope: str) -> Callable[..., None]:
+        def hook(*_: Any, **__: Any) -> None:
+            rec.scope = scope
+        return hook
+
+    def block_pre(*_: Any) -> None:
+        rec.scope = "block_forward"
+        gather(block_names)
+
+    block.register_forward_pre_hook(block_pre)
+    block.register_forward_hook(setter("rest_forward"))
+    block.register_full_backward_pre_hook(setter("block_backward"))
+    block.register_full_backward_hook(setter("rest_backward"))
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with rec, saved_bytes(rec, saved, skip):
+        rec.scope = "rest_forward"
+        gather(rest_names)
+        loss = loss_of()
+    with rec:
+        rec.scope = "rest_backward"
+        loss.backward()
+        rec.scope = "block_backward"
+        gather(block_names)  # the backward's all-gather (reshard_after_forward), in the block's backward
+        reduce(block_names)
+        rec.scope = "rest_backward"
+        reduce(rest_names)
+        rec.scope = "step"
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return dict(rec.ops), dict(saved), sum(p.numel() for p in model.parameters())
+
+
 def _exponents(base: int, varied: dict[str, int], where: str) -> dict[str, int]:
     exps: dict[str, int] = {}
     for sym, n in varied.items():
@@ -411,7 +609,7 @@ def _monomial(count: int, exps: dict[str, int], dims: dict[str, int]) -> tuple[f
 
 def derive(family: str, precision: str, base: dict[str, int], framework: str = "hf") -> dict[str, Any]:
     """Trace at `base` and with each symbol doubled; return the ledger as data."""
-    trace = trace_executor_step if framework == "executor" else trace_step
+    trace = {"executor": trace_executor_step, "torchtitan": trace_torchtitan_step}.get(framework, trace_step)
     runs = {"base": trace(family, base, precision)}
     for sym in SYMBOLS:
         if sym == "KV" and family not in GQA_FAMILIES:
@@ -527,17 +725,41 @@ def _saved_terms(scope: str, runs: dict[str, Any], varied: list[str], base: dict
 BASE = {"B": 2, "S": 16, "H": 32, "NH": 4, "KV": 2, "F": 48, "V": 40}
 
 
+TRACED_VERSIONS = {"transformers": "transformers==5.17.0", "torchtitan": "torchtitan==0.3.0 (pip --no-deps, plus "
+                   "spmd_types, tyro, docstring_parser and triton, which its model modules import)"}
+"""The traced code's package and how the shipped ledgers' version of it was installed."""
+
+
+def code_package(framework: str) -> str:
+    """The package whose code `framework` traces (the executor is axoplan's own; its ledger records transformers')."""
+    return "torchtitan" if framework == "torchtitan" else "transformers"
+
+
+def code_version(framework: str) -> dict[str, str]:
+    """The traced code's package and version."""
+    from importlib.metadata import version
+
+    package = code_package(framework)
+    return {package: version(package)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", required=True, choices=["gpt2", "llama", "gpt-neox", "mixtral"])
     ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16", "fp32"],
                     help="autocast: fp32 weights under bf16 autocast (Trainer(bf16=True)); "
                     "bf16: bf16 weights and states; fp32: float32 throughout (the executor on a CPU)")
-    ap.add_argument("--framework", default="hf", choices=["hf", "executor"],
-                    help="hf: Hugging Face transformers' model; executor: axoplan's own (axoplan/executor)")
+    ap.add_argument("--framework", default="hf", choices=["hf", "executor", "torchtitan"],
+                    help="hf: Hugging Face transformers' model; executor: axoplan's own (axoplan/executor); "
+                    "torchtitan: its Llama 3 under FSDP2 mixed precision (--family llama --precision bf16)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    import transformers
+    if args.framework == "torchtitan" and (args.family, args.precision) != ("llama", "bf16"):
+        raise SystemExit("--framework torchtitan traces its Llama 3 with bf16 compute: --family llama --precision bf16")
+    package = code_package(args.framework)
+    if importlib.util.find_spec(package) is None:
+        raise SystemExit(f"--framework {args.framework} traces {package}'s own code, which is not installed here: "
+                         f"install {TRACED_VERSIONS[package]} in a development venv (never a dependency of axoplan)")
 
     base = dict(BASE)
     if args.family not in ("llama", "mixtral"):
@@ -549,12 +771,12 @@ def main(argv: list[str] | None = None) -> int:
     ledger = derive(args.family, args.precision, base, args.framework)
     if args.precision == "fp32" and args.framework != "executor":
         raise SystemExit("--precision fp32 is the executor's CPU dtype; Hugging Face steps are autocast or bf16")
-    name = ("executor" + ("-fp32" if args.precision == "fp32" else "")) if args.framework == "executor" \
-        else f"hf-{args.precision}"
+    name = {"executor": "executor" + ("-fp32" if args.precision == "fp32" else ""),
+            "torchtitan": "torchtitan"}.get(args.framework, f"hf-{args.precision}")
     doc = {
         "profile": name, "family": args.family,
         "made_by": "python benchmarks/derive_ledger.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "versions": {"torch": torch.__version__, **code_version(args.framework)},
         "symbols": {"B": "micro-batch sequences", "S": "sequence length", "H": "hidden size", "NH": "attention heads",
                     "KV": "key-value heads", "F": "FFN width", "V": "vocabulary"},
         "base_dims": base,

@@ -4,6 +4,12 @@ transformers is installed; the shipped ledgers record the versions that made the
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,3 +46,21 @@ def test_exponents_are_read_from_doubling() -> None:
     assert _monomial(24, {"B": 1, "S": 2}, {"B": 2, "S": 2}) == (3.0, {"B": 1, "S": 2})
     with pytest.raises(SystemExit, match="not a power of two"):
         _exponents(24, {"B": 72}, "x")
+
+
+def test_torchtitan_is_traced_where_installed_and_refused_in_one_line_where_not(tmp_path: Path) -> None:
+    """torchtitan is no dependency (CI's venv lacks it): where it is installed, the tracer reproduces the shipped
+    ledger's op list; where it is not, it says in one line what to install, and writes nothing."""
+    out = tmp_path / "torchtitan-llama.json"
+    done = subprocess.run([sys.executable, "benchmarks/derive_ledger.py", "--framework", "torchtitan", "--family",
+                           "llama", "--precision", "bf16", "--out", str(out)], capture_output=True, text=True,
+                          check=False, cwd=Path(__file__).resolve().parents[1])
+    if importlib.util.find_spec("torchtitan") is not None:
+        assert done.returncode == 0, done.stderr
+        shipped = json.loads((Path(__file__).resolve().parents[1] / "frameworks" / "ledgers"
+                              / "torchtitan-llama.json").read_text())
+        assert json.loads(out.read_text())["scopes"] == shipped["scopes"]
+    else:
+        assert done.returncode != 0 and not out.exists()
+        assert done.stderr.strip().count("\n") == 0 and "install torchtitan==0.3.0" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -131,7 +131,7 @@ def test_every_shipped_ledger_has_integer_monomials_and_known_classes() -> None:
         assert path.stem == f"{doc['profile']}-{doc['family']}"
         ledger = load_ledger(doc["profile"], doc["family"])
         assert ledger.made_by.startswith("python benchmarks/derive_ledger.py")
-        assert {"torch", "transformers"} <= set(ledger.versions)
+        assert "torch" in ledger.versions and set(ledger.versions) & {"transformers", "torchtitan"}  # the traced code's
         for ops in ledger.scopes.values():
             for op in ops:
                 assert op.op_class in {"gemm", "attention", "norm", "activation", "elementwise", "copy_cast",
@@ -325,3 +325,91 @@ def test_another_moe_module_under_transformers_code_is_refused_not_priced_twice(
                          moe_impl="native")
     with pytest.raises(AxoplanError, match="--moe-impl native would price AxoNN's as well"):
         predict(MIXTRAL_S, load_machine("dgx-h100"), options, Candidates.single(Layout(1, 1, 1, 1), 8, False, False))
+
+
+LLAMA3_8B = ModelSpec(name="llama3-8b", num_layers=32, hidden=4096, num_heads=32, num_kv_heads=8, ffn_hidden=14336,
+                      vocab=128256, ffn_kind="swiglu", biases=False, tied_embeddings=False, max_positions=8192)
+SYM_8B = {"B": 1, "S": 8192, "H": 4096, "NH": 32, "KV": 8, "F": 14336, "V": 128256}
+
+
+def _value(terms: tuple, sym: dict[str, int]) -> float:
+    return sum(t.coef * math.prod(sym[k] ** e for k, e in t.exps) for t in terms)
+
+
+def test_torchtitan_block_gemms_are_two_flops_per_token_and_linear_parameter() -> None:
+    """torchtitan's Llama 3 block (``torchtitan/models/llama3``: wq, wk, wv, wo, w1, w2, w3, no biases): its forward
+    GEMMs are 2·tokens·(linear parameters), its backward twice that (dX and dW)."""
+    ledger = load_ledger("torchtitan", "llama")
+    h, f, kv_width = SYM_8B["H"], SYM_8B["F"], SYM_8B["H"] * SYM_8B["KV"] // SYM_8B["NH"]
+    linear_params = h * h + 2 * h * kv_width + h * h + 3 * h * f
+    tokens = SYM_8B["B"] * SYM_8B["S"]
+    for scope, factor in (("block_forward", 2), ("block_backward", 4)):
+        flops = sum(op.count * _value(op.flops, SYM_8B) for op in ledger.ops(scope) if op.op_class == "gemm")
+        assert flops == pytest.approx(factor * tokens * linear_params, rel=1e-9), scope
+
+
+def test_torchtitan_kernels_per_block_as_its_code_reads() -> None:
+    """By reading ``Llama3TransformerBlock.forward`` under FSDP2: the all-gather copy-out (1), two fused RMSNorms (2),
+    seven linears (7: q, k, v traced unfused, o, w1, w3, w2), RoPE on q and k each a cast to fp32, a complex multiply
+    and a cast back (6; ``view_as_complex``/``view_as_real`` are views), attention (1), two residual adds (2), SiLU (1)
+    and the gate's multiply (1): 21 kernels. The backward: 14 GEMMs, the copy-out again and the reduce-scatter
+    copy-in, two RMSNorm backwards, one attention backward."""
+    ledger = load_ledger("torchtitan", "llama")
+
+    def count(scope: str, cls: str | None = None) -> int:
+        return sum(op.count for op in ledger.ops(scope) if op.op_class != "view" and cls in (None, op.op_class))
+
+    assert count("block_forward") == 21
+    assert (count("block_forward", "gemm"), count("block_forward", "norm"), count("block_forward", "attention")) \
+        == (7, 2, 1)
+    assert (count("block_backward", "gemm"), count("block_backward", "norm"), count("block_backward", "attention")) \
+        == (14, 2, 1)
+    names = [op.op for op in ledger.ops("block_backward")]
+    assert "split_with_sizes_copy.default" in names and "chunk_cat.default" in names
+
+
+def test_torchtitan_fsdp2_copies_move_the_blocks_parameters() -> None:
+    """FSDP2's copy-out reads and writes each bf16 parameter (2 + 2 bytes), its reduce-scatter copy-in reads the bf16
+    gradient and writes it in fp32 (2 + 4): per block parameter, as ``_fsdp_collectives.py`` does."""
+    ledger = load_ledger("torchtitan", "llama")
+    h, f, kv_width = SYM_8B["H"], SYM_8B["F"], SYM_8B["H"] * SYM_8B["KV"] // SYM_8B["NH"]
+    block_params = 2 * h * h + 2 * h * kv_width + 3 * h * f + 2 * h  # the linears and the two norms' weights
+    ops = {op.op: op for op in ledger.ops("block_backward")}
+    copy_out, copy_in = ops["split_with_sizes_copy.default"], ops["chunk_cat.default"]
+    assert (_value(copy_out.read, SYM_8B), _value(copy_out.write, SYM_8B)) == (2 * block_params, 2 * block_params)
+    assert (_value(copy_in.read, SYM_8B), _value(copy_in.write, SYM_8B)) == (2 * block_params, 4 * block_params)
+
+
+def test_torchtitan_keeps_what_its_code_saves() -> None:
+    """What a block keeps, per token, by reading its code (bf16 activations): the attention norm's input and output
+    (2·H each) and its fp32 rstd (4); q after RoPE (2·H), k and v (2·H·KV/NH each); the attention output, which is
+    also wo's input (2·H: ``.contiguous()`` of a tensor laid out (B, L, N, H) copies nothing), and its fp32
+    log-sum-exp per head (4·NH); the FFN norm's input and output (2·H each) and rstd (4); w1's and w3's outputs, SiLU's
+    and the product (2·F each): ``12·H + 4·H·KV/NH + 8·F + 4·NH + 8``. FSDP2's unsharded weights are freed after the
+    forward, so no weight is kept (the profile's gathered units count them)."""
+    ledger = load_ledger("torchtitan", "llama")
+    h, f, nh, kv = SYM_8B["H"], SYM_8B["F"], SYM_8B["NH"], SYM_8B["KV"]
+    tokens = SYM_8B["B"] * SYM_8B["S"]
+    per_token = sum(_value((t,), SYM_8B) for t in ledger.saved["block_forward"] if "B" in dict(t.exps)) / tokens
+    assert per_token == pytest.approx(12 * h + 4 * h * kv // nh + 8 * f + 4 * nh + 8, rel=1e-9)
+    assert all(not t.parameter_shaped or "S" in dict(t.exps) for t in ledger.saved["block_forward"])
+
+
+def test_torchtitan_ranks_and_explains_through_the_cli() -> None:
+    """``--framework torchtitan`` on 8 H100s: FSDP's layouts rank (Z over all GPUs among them), and explain shows its
+    ledger with the FSDP2 block gathers."""
+    rank = subprocess.run([sys.executable, "-m", "axoplan", "rank", "--model", "llama3.1-8B", "--gpus", "8",
+                           "--machine", "dgx-h100", "--framework", "torchtitan", "--seq-len", "8192",
+                           "--global-batch", "16", "--format", "json"], capture_output=True, text=True, check=False)
+    assert rank.returncode == 0, rank.stderr
+    rows = json.loads(rank.stdout)["rows"]
+    assert rows and all(r["feasible"] for r in rows)
+    assert any((r["gx"], r["gy"], r["gz"], r["gdata"]) == (1, 1, 8, 1) for r in rows)
+    explain = subprocess.run([sys.executable, "-m", "axoplan", "explain", "--model", "llama3.1-8B", "--gpus", "8",
+                              "--machine", "dgx-h100", "--framework", "torchtitan", "--seq-len", "8192",
+                              "--global-batch", "8", "--micro-batch", "1", "--recompute", "on",
+                              "--cache-weights", "off", "--layout", "1x1x8x1"],
+                             capture_output=True, text=True, check=False)
+    assert explain.returncode == 0, explain.stderr
+    assert "Op ledger by class" in explain.stdout
+    assert "all-gather" in explain.stdout and "reduce-scatter" in explain.stdout
