@@ -315,9 +315,10 @@ def _memory_section(r: Ranking, i: int, wide: bool = False) -> str:
     mem, verdict = r.prediction.memory, r.feasibility.memory
     assert verdict is not None
     head = wrap(f"Memory per GPU: {memory_fit_of(verdict, i, float(mem.total[i])).describe()}", wide)
+    total = "peak (gradients or activations with logits, the larger)" if mem.gradients_apart[i] else "total"
     return head + "\n" + text_table(
         ["part", "GB"],
-        [[k, f"{getattr(mem, k)[i] / _GB:.2f}"] for k in mem.__slots__] + [["total", f"{mem.total[i] / _GB:.2f}"]],
+        [[k, f"{getattr(mem, k)[i] / _GB:.2f}"] for k in mem.CATEGORIES] + [[total, f"{mem.total[i] / _GB:.2f}"]],
         [False, True])
 
 

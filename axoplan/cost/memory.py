@@ -30,6 +30,10 @@ Every figure is bytes per GPU for every candidate, from the framework's rules
   activations of the ``top_k`` routed copies and the shared experts; the native module's grouped expert
   weights gathered over its FSDP group (``E·2I·H/expert_tp`` and their gradient).
 
+Peak (:attr:`MemoryBreakdown.total`): the states plus gradients, activations and logits, except where the
+framework frees its gradients each step and the step has one micro-step (:func:`gradients_apart`): then the
+backward makes the gradients as it frees the activations, and the peak holds the larger of the two.
+
 Capacity (:func:`memory_verdict`): a GPU needs the live bytes plus the reserve (runtime, the
 framework's communicators, allocator fragmentation; ``axoplan.inputs.machine.Reserve``). Memory gets
 an interval like time: the need within ``exp(±z·σ)`` (``MEMORY_MODEL_SIGMA``, ``z`` the normal
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +57,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec, padded_vocab
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
+from axoplan.space.layout import sequences_per_micro_step
 
 __all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict", "VERDICTS", "vocab_rows",
            "sharded_params", "replicated_params", "MEMORY_MODEL_SIGMA", "activation_bytes_per_token", "mlp_width",
@@ -60,15 +66,19 @@ __all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict
 Floats = npt.NDArray[np.float64]
 
 MEMORY_MODEL_SIGMA = 0.10
-"""Relative one-sigma error of the live-memory model (the same 10 % as the time model's default,
-docs/uncertainty.md; no source of ours reports measured peak memory to set it from) [decision]."""
+"""Relative one-sigma error of the live-memory model. Set at 10 % (the time model's default, docs/uncertainty.md)
+before any peak was measured [decision]; since checked against the peaks of eight Hugging Face training steps
+measured on CPU (data/measured/cpu-peak-memory/, benchmarks/measure_peak_memory.py): the root-mean-square of
+log(predicted/measured) there is 0.098, so 10 % is kept, now with that measurement as its source
+(tests/test_peak_memory.py keeps the spread within it). No counted framework's peak has been measured."""
 
 VERDICTS = ("fits", "tight", "does not fit")
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryBreakdown:
-    """Bytes per GPU, per category, for every candidate."""
+    """Bytes per GPU, per category, for every candidate; ``gradients_apart`` where the gradients are never alive
+    with the forward's activations (:func:`gradients_apart`): the peak then holds the larger of the two."""
 
     weights: Floats
     gradients: Floats
@@ -76,13 +86,20 @@ class MemoryBreakdown:
     gathered: Floats
     activations: Floats
     logits: Floats
+    gradients_apart: npt.NDArray[np.bool_]
+
+    CATEGORIES: ClassVar[tuple[str, ...]] = ("weights", "gradients", "optimizer", "gathered", "activations", "logits")
 
     @property
     def total(self) -> Floats:
-        return self.weights + self.gradients + self.optimizer + self.gathered + self.activations + self.logits
+        """The peak: the states, plus gradients and the backward's working set together, or the larger of the two
+        where the gradients are made during the backward as the activations are freed (``gradients_apart``)."""
+        working = self.activations + self.logits
+        grads = np.where(self.gradients_apart, np.maximum(self.gradients, working), self.gradients + working)
+        return self.weights + self.optimizer + self.gathered + grads
 
     def as_columns(self) -> dict[str, Floats]:
-        return {f"mem_{k}_bytes": getattr(self, k) for k in self.__slots__} | {"mem_total_bytes": self.total}
+        return {f"mem_{k}_bytes": getattr(self, k) for k in self.CATEGORIES} | {"mem_total_bytes": self.total}
 
 
 def vocab_rows(model: ModelSpec, c: Candidates) -> Floats:
@@ -155,7 +172,21 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
                      else _ledger_activation_bytes(model, c, profile, ledger, tokens)),
         logits=tokens * vocab_rows(model, c) / (1.0 if options.hf_path else c.gy.astype(np.float64))
         * rules.logits_bytes,
+        gradients_apart=gradients_apart(options, c, profile),
     )
+
+
+def gradients_apart(options: RunOptions, c: Candidates, profile: FrameworkProfile) -> npt.NDArray[np.bool_]:
+    """Where no gradient is alive while the forward's activations are: the framework frees the gradients after
+    each optimizer step (``zero_grad(set_to_none=True)``, PyTorch's default since 2.0 [doc torch.optim.Optimizer.
+    zero_grad]; Hugging Face's Trainer calls ``model.zero_grad()`` each step [code transformers Trainer]) and the
+    step has one micro-step (with gradient accumulation the first micro-step's gradients are alive through the
+    second's forward). The backward then makes each block's gradients as it frees that block's saved tensors, so
+    the peak is the larger of the two ends: all activations with the loss's logits, or all gradients (measured
+    on CPU: ``benchmarks/measure_peak_memory.py``, no gradient is alive at the peak)."""
+    per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, options.hf_path)
+    one_micro_step = np.asarray(per_step) >= options.global_batch
+    return np.asarray(one_micro_step & profile.memory.gradients_freed, dtype=np.bool_)
 
 
 def _gathered_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile) -> Floats:

@@ -98,6 +98,11 @@ class MemoryRules(Frozen):
         5, description="Collective communicators a rank keeps (each holds buffers, device.reserve).")
     embedding_gathered: bool = Field(
         False, description="true: the embeddings stay Z-gathered from forward to backward (FSDP's root unit).")
+    gradients_freed: bool = Field(
+        False, description="true: the gradients are freed after each optimizer step (zero_grad(set_to_none=True)) "
+        "and made again in the backward, so with one micro-step per step they are never alive with the forward's "
+        "activations (axoplan/cost/memory.py: gradients_apart); false: a persistent gradient buffer (Megatron's "
+        "main_grad, DDP's buckets).")
 
 
 class FrameworkProfile(Frozen):
