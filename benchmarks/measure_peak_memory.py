@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"log(predicted/measured): mean {mean:+.3f}, rms {rms:.3f} over {len(rows)} cases")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        made = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-                "machine": platform.machine(), "tool": "benchmarks/measure_peak_memory.py"}
+        made = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version(), "machine": platform.machine(),
+                "tool": "benchmarks/measure_peak_memory.py"}
         with args.out.open("w") as fh:
             for r in rows:  # the measurement and the config.json it was made with; predictions are the tests'
                 fh.write(json.dumps({k: v for k, v in r.items() if k != "ratio"} | {"made_by": made}) + "\n")
