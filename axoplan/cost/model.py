@@ -40,7 +40,7 @@ calibration and the what-if plots price one :class:`CompiledPlan` again for each
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -58,7 +58,7 @@ from axoplan.cost.ledger import (
     shipped_family,
 )
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
-from axoplan.cost.step import compute_columns, optimizer_params, step_columns
+from axoplan.cost.step import collective_calls, compute_columns, optimizer_params, step_columns
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.errors import AxoplanError
 from axoplan.inputs.framework import FrameworkProfile, load_framework
@@ -103,6 +103,8 @@ class CompiledPlan:
     ledger_cost: LedgerCost | None
     memory: MemoryBreakdown
     memory_columns: dict[str, Floats]
+    found: dict[str, Floats] = field(default_factory=dict)
+    """What the first pricing finds that no machine number changes (the collective calls per micro-batch)."""
 
 
 def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> Prediction:
@@ -141,7 +143,10 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     layers = price_layers(plan.layers, model, machine, options, c, groups, tokens, dilation, ledger)
     terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile)
     compute = compute_columns(layers, model, machine, c, n_micro, dilation, options, ledger, plan.params)
-    columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation, ledger)
+    if "calls" not in plan.found:
+        plan.found["calls"] = collective_calls(terms, n_micro)
+    columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation, ledger,
+                           plan.found["calls"])
     if ledger is not None:
         columns |= ledger_class_columns(ledger, model.num_layers, c.recompute, n_micro, compute["t_gemm_s"])
     return Prediction(c, columns | plan.memory_columns, tuple(terms), plan.memory)

@@ -5,6 +5,7 @@ collectives take from the compute beside them and the wait for the slowest GPU
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import cast
 
 import numpy as np
@@ -25,7 +26,7 @@ from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
-__all__ = ["compute_columns", "step_columns", "optimizer_params"]
+__all__ = ["compute_columns", "step_columns", "optimizer_params", "collective_calls"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -94,9 +95,29 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
     return ops + extra, kernels + extra  # [assumed] one host op per launched GEMM
 
 
+def collective_calls(terms: list[CollectiveTerm], n_micro: Floats) -> Floats:
+    """Collective calls of one micro-batch on groups of more than one rank (the step's own and the drains, which
+    make no call, left out): no machine number changes them."""
+    return _added(t.calls_per_step * (t.group_size > 1) for t in terms
+                  if t.phase != "step" and not t.is_drain) / n_micro
+
+
+def _added(arrays: Iterable[Floats]) -> Floats:
+    """``sum(arrays)``, the same additions in the same order (so the same bits, a negative zero first made
+    positive as ``0 + x`` makes it), into one array where the shapes allow it."""
+    total: Floats | int = 0
+    for a in arrays:
+        if isinstance(total, np.ndarray) and total.shape == np.broadcast_shapes(total.shape, np.shape(a)):
+            total += a
+        else:
+            total = total + a
+    return cast(Floats, total)
+
+
 def _host_s(
     profile: FrameworkProfile, model: ModelSpec, machine: Machine, c: Candidates, terms: list[CollectiveTerm],
     n_micro: Floats, options: RunOptions | None = None, ledger: LedgerCost | None = None,
+    calls: Floats | None = None,
 ) -> tuple[Floats, Floats]:
     """Host seconds and device kernel-gap seconds per step.
 
@@ -105,10 +126,10 @@ def _host_s(
     "CUDA kernel overhead", U. Virginia; 5–20 µs CPU-side in PyTorch traces, Meta's
     HolisticTraceAnalysis docs); each collective call on a group of more than one rank is one
     more op and one more kernel (frameworks skip a group of one, as Megatron's mappings do);
-    each kernel costs the device ``device.kernel_gap_us`` besides its work."""
+    each kernel costs the device ``device.kernel_gap_us`` besides its work. `calls`: :func:`collective_calls`,
+    where the caller has them."""
     ops, kernels = _per_micro_counts(profile, model, c, options, ledger)
-    calls = sum(t.calls_per_step * (t.group_size > 1) for t in terms
-                if t.phase != "step" and not t.is_drain) / n_micro
+    calls = collective_calls(terms, n_micro) if calls is None else calls
     host = n_micro * ((ops + calls) * machine.host.op_us + (kernels + calls) * machine.host.launch_us) * 1e-6
     gaps = n_micro * (kernels + calls) * machine.device.kernel_gap_us * 1e-6
     return host, gaps
@@ -126,19 +147,20 @@ def _host_idle_s(machine: Machine, host_s: Floats, device_s: Floats) -> Floats:
 def step_columns(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: Groups,
     terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, profile: FrameworkProfile,
-    dilation: Floats | None = None, ledger: LedgerCost | None = None,
+    dilation: Floats | None = None, ledger: LedgerCost | None = None, calls: Floats | None = None,
 ) -> dict[str, Floats]:
     """The step: compute, exposed collectives, what hidden collectives take from the compute beside
-    them, the wait for the slowest GPU, and the time the device waits for the host."""
+    them, the wait for the slowest GPU, and the time the device waits for the host (`calls`:
+    :func:`collective_calls`, where the caller has them)."""
     cols = dict(compute)
     totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
     comm_axes = (*AXES, "world")
     for axis in comm_axes:
-        cols[f"t_comm_{axis}_s"] = cast(Floats, sum(total for a, total, _ in totals if a == axis))
-        cols[f"t_exposed_{axis}_s"] = cast(Floats, sum(exposed for a, _, exposed in totals if a == axis))
-    cols["t_comm_total_s"] = cast(Floats, sum(cols[f"t_comm_{a}_s"] for a in comm_axes))
-    cols["t_comm_exposed_s"] = cast(Floats, sum(cols[f"t_exposed_{a}_s"] for a in comm_axes))
-    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro, options, ledger)
+        cols[f"t_comm_{axis}_s"] = _added(total for a, total, _ in totals if a == axis)
+        cols[f"t_exposed_{axis}_s"] = _added(exposed for a, _, exposed in totals if a == axis)
+    cols["t_comm_total_s"] = _added(cols[f"t_comm_{a}_s"] for a in comm_axes)
+    cols["t_comm_exposed_s"] = _added(cols[f"t_exposed_{a}_s"] for a in comm_axes)
+    host_s, gaps_s = _host_s(profile, model, machine, c, terms, n_micro, options, ledger, calls)
     if dilation is not None:  # the host shares the cores too
         host_s = host_s * dilation
     cols["t_nongemm_s"] = compute["t_nongemm_s"] + gaps_s
@@ -148,7 +170,7 @@ def step_columns(
                        machine.intra_node.processor_usage, machine.inter_node.processor_usage) for a in comm_axes))
     busy = compute["t_gemm_s"] + cols["t_nongemm_s"] + cols["t_interference_s"]
     cols["t_straggler_s"] = busy * straggler_factor(machine.device.speed_variation, c.world_size)
-    device_s = busy + cols["t_straggler_s"] + cast(Floats, sum(t.exposed_s for t in terms if t.phase != "step"))
+    device_s = busy + cols["t_straggler_s"] + _added(t.exposed_s for t in terms if t.phase != "step")
     cols["t_host_idle_s"] = _host_idle_s(machine, host_s, device_s)
     step = (cols["t_compute_s"] + cols["t_comm_exposed_s"] + cols["t_interference_s"] + cols["t_straggler_s"]
             + cols["t_host_idle_s"])
