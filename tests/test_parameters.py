@@ -241,6 +241,27 @@ def test_the_same_line_through_the_entry_point(tmp_path: Path) -> None:
     assert mine.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
 
 
+@pytest.mark.parametrize(("key", "value"), [("sources", "measured"), ("ranges", [0.7, 0.8])])
+def test_an_uncertainty_block_naming_no_parameter_is_refused_naming_the_closest(tmp_path: Path, key: str,
+                                                                                value: Any) -> None:
+    """Before the registry a misspelt path in ``uncertainty.sources`` or ``ranges`` was silently ignored."""
+    data = yaml.safe_load((machines_dir() / "dgx-a100.yaml").read_text())
+    data["uncertainty"][key]["gemm.max_efficency"] = value
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(data))
+    with pytest.raises(AxoplanError) as err:
+        load_machine(mine)
+    assert str(err.value) == (f"{mine}: field 'uncertainty': {key}: 'gemm.max_efficency' is no machine parameter "
+                              f"(did you mean 'gemm.max_efficiency'?); docs/machines.md lists them")
+
+
+def test_every_path_a_shipped_uncertainty_block_names_is_a_parameter() -> None:
+    named = {path for name in shipped_machines() if (u := load_machine(name).uncertainty) is not None
+             for path in (*u.sources, *u.ranges, *u.log_cov_paths)}
+    assert {"gemm.max_efficiency", "scale_up.latency_us", "device.unified_memory.host_share_gb"} <= named
+    assert all("*" not in machine_parameter(path).path for path in named)
+
+
 def _concrete_paths() -> dict[str, tuple[str, str]]:
     """For each registry path a shipped machine sets: (machine, one concrete dotted path of it)."""
     found: dict[str, tuple[str, str]] = {}

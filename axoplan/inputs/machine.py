@@ -25,7 +25,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_v
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.fileio import check_readable
 from axoplan.inputs.launcher import LauncherSpec
-from axoplan.inputs.parameters import SourceKind
+from axoplan.inputs.parameters import SourceKind, named_parameters
 from axoplan.inputs.plausible import MACHINE_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
@@ -299,6 +299,17 @@ class ParameterUncertainty(Frozen):
         n = len(self.log_cov_paths)
         if len(self.log_cov) != n or any(len(row) != n for row in self.log_cov):
             raise ValueError(f"log_cov must be a {n} x {n} matrix matching log_cov_paths")
+        return self
+
+    @model_validator(mode="after")
+    def _known_paths(self) -> ParameterUncertainty:
+        """A path no parameter has (a typo) would be silently ignored: refuse it, naming the closest."""
+        known = named_parameters()
+        for key, paths in (("sources", self.sources), ("ranges", self.ranges), ("log_cov_paths", self.log_cov_paths)):
+            for path in paths:
+                if path not in known:
+                    raise ValueError(f"{key}: {path!r} is no machine parameter{closest_hint(path, known)}; "
+                                     f"docs/machines.md lists them")
         return self
 
 

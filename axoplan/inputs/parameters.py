@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = ["SourceKind", "Measurer", "FitBounds", "MachineParameter", "MACHINE_PARAMETERS", "PRIOR_REL_SIGMA",
-           "DEFAULT_SOURCES", "machine_parameter", "fit_bounds", "fittable", "parameters_table", "format_bound"]
+           "DEFAULT_SOURCES", "machine_parameter", "named_parameters", "fit_bounds", "fittable", "parameters_table",
+           "format_bound"]
 
 SourceKind = Literal["measured", "vendor", "assumption"]
 """How a number is obtained: measured on the machine (nccl-tests, a GEMM sweep, ``axoplan probe``), a vendor or
@@ -269,6 +270,11 @@ parameter the machine does not set (``attention_triton_efficiency``) or sets to 
 def machine_parameter(path: str) -> MachineParameter:
     """The entry of a dotted path as the registry spells it (``*`` for list items); KeyError if there is none."""
     return _BY_PATH[path]
+
+
+def named_parameters() -> frozenset[str]:
+    """The paths a machine's ``uncertainty:`` block may name: the entries of one number each (no ``*``)."""
+    return frozenset(p.path for p in MACHINE_PARAMETERS if "*" not in p.path)
 
 
 def fit_bounds(path: str) -> FitBounds:
