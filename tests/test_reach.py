@@ -55,9 +55,10 @@ def test_a_traced_framework_on_a_measured_device_does_not_widen() -> None:
 
 
 def test_a_machine_without_kernels_widens_by_exactly_its_sigma() -> None:
-    """The A100 has no measured op classes: the same traced GPT-2 step reaches by exactly SIGMA_UNMEASURED, and an
-    interval's log half-width is the normal quantile of sqrt(sigma_model^2 + 0.216^2) (parameters held exact)."""
-    machine = load_machine("dgx-a100")
+    """The B200 has no op classes, measured or derived: the same traced GPT-2 step reaches by exactly
+    SIGMA_UNMEASURED, and an interval's log half-width is the normal quantile of sqrt(sigma_model^2 + 0.216^2)
+    (parameters held exact)."""
+    machine = load_machine("dgx-b200")
     found = reaches(GPT2, _options(), machine)
     assert [(r.what, float(r.sigma[0])) for r in found] == [("device's op classes never measured", 0.216)]
     # the H100 with its kernels section taken away reaches the same way
@@ -69,6 +70,18 @@ def test_a_machine_without_kernels_widens_by_exactly_its_sigma() -> None:
     assert iv.low_s[0] == pytest.approx(2.0 * math.exp(-half), rel=1e-12)
     assert iv.high_s[0] == pytest.approx(2.0 * math.exp(half), rel=1e-12)
     assert iv.high_s[0] == pytest.approx(2.7134, abs=1e-4)
+
+
+def test_a100_op_classes_derived_from_the_h100_reach_by_sigma_derived() -> None:
+    """The A100's kernels section is the H100's scaled by the streaming shares (machines/dgx-a100.yaml): its
+    derived classes, not the element-wise one documented for the A100, reach by SIGMA_DERIVED."""
+    found = _found(GPT2, "dgx-a100")
+    assert found == {"device's norm, activation, reduction, copy_cast, loss, optimizer taken from another device":
+                     SIGMA_DERIVED}
+    a100, h100 = load_machine("dgx-a100").kernels, load_machine("dgx-h100").kernels
+    assert a100 is not None and h100 is not None
+    for op_class in a100.derived:
+        assert a100.of(op_class) == pytest.approx(h100.of(op_class) * 0.88 / 0.869, abs=6e-4)  # type: ignore[arg-type]
 
 
 def test_each_reach_applies_where_its_source_says() -> None:
