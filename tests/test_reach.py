@@ -123,11 +123,11 @@ def test_a_sequence_beyond_the_attention_curve_widens_by_share_slope_and_doublin
 
 
 def test_reaches_add_in_quadrature_and_a_calibrated_machine_is_not_widened() -> None:
-    a100 = load_machine("dgx-a100")
+    b200 = load_machine("dgx-b200")
     unnamed = GPT2.model_copy(update={"family": None})
-    found = reaches(unnamed, _options(), a100)
-    assert reach_sigma(a100, found, 1)[0] == pytest.approx(math.hypot(SIGMA_UNMEASURED, SIGMA_FAMILY))
-    note = widened_note(a100, found)
+    found = reaches(unnamed, _options(), b200)
+    assert reach_sigma(b200, found, 1)[0] == pytest.approx(math.hypot(SIGMA_UNMEASURED, SIGMA_FAMILY))
+    note = widened_note(b200, found)
     assert note == ("interval widened: device's op classes never measured (+22 %); no model family traced, priced "
                     "with gpt2's op list (+22 %): the time model's one-sigma error is 32 %, not 10 % "
                     "(docs/uncertainty.md, 'Reach')")
