@@ -25,7 +25,7 @@ from axoplan.cost.budget import describe_cost
 from axoplan.errors import AxoplanError
 from axoplan.export.job import ENV_PREFIX, JobSettings, format_hms, node_counts, site_values, walltime_s
 from axoplan.inputs.axes import AXIS_DEFS, axonn_order
-from axoplan.inputs.launcher import PLACEHOLDER, SITE_VALUES, LauncherSpec, fill, placeholders_in
+from axoplan.inputs.launcher import SITE_VALUES, LauncherSpec, fill, placeholder_end, placeholders_in
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.queues import QueueChoice, choose_queue
 from axoplan.inputs.schedulers import Scheduler, scheduler
@@ -305,12 +305,8 @@ def fill_shell(text: str, values: dict[str, str], where: str, *, quote: str = ""
     :func:`axoplan.inputs.shell.quote_for` (`nested`: the line runs inside ``bash -c '...'``). A value that no
     quoting can write there (an unchecked one: the checked ones never are) is refused naming its option.
     """
-    def value_end(i: int) -> int | None:
-        m = PLACEHOLDER.match(text, i)
-        return m.end() if m is not None and m.group(1) in values else None
-
     out = []
-    for piece in scan_shell(text, quote, value_end)[0]:
+    for piece in scan_shell(text, quote, placeholder_end(text, values))[0]:
         if not piece.kept:
             out.append(piece.text)
             continue

@@ -15,7 +15,7 @@ never a placeholder.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final, Literal
 
 from pydantic import Field, model_validator
@@ -35,7 +35,8 @@ from axoplan.inputs.shell import (
 from axoplan.inputs.staging import StagingSpec
 
 __all__ = ["LauncherSpec", "SITE_VALUES", "SCHEDULER_NAMES", "JOB_VALUES", "PLACEHOLDERS", "PLACEHOLDER", "fill",
-           "placeholders_in", "placeholder_text", "TorchDevice", "EXECUTOR_DEVICES", "executor_drives"]
+           "placeholders_in", "placeholder_text", "placeholder_end", "TorchDevice", "EXECUTOR_DEVICES",
+           "executor_drives"]
 
 TorchDevice = Literal["cuda", "xpu", "cpu"]
 """PyTorch's device type of a machine's devices, as its PyTorch build reports them: 'cuda' for NVIDIA GPUs and
@@ -73,11 +74,12 @@ def placeholders_in(text: str) -> list[str]:
     return PLACEHOLDER.findall(text)
 
 
-def _placeholder_end(text: str) -> Callable[[int], int | None]:
-    """For :func:`axoplan.inputs.shell.scan_shell`: the end of the ``{name}`` placeholder at i, if one starts there."""
+def placeholder_end(text: str, names: Collection[str] | None = None) -> Callable[[int], int | None]:
+    """For :func:`axoplan.inputs.shell.scan_shell`: the end of the ``{name}`` placeholder that starts at i in
+    `text` (one of `names`, when given), or None."""
     def end(i: int) -> int | None:
         m = PLACEHOLDER.match(text, i)
-        return m.end() if m is not None else None
+        return m.end() if m is not None and (names is None or m.group(1) in names) else None
     return end
 
 
@@ -174,7 +176,7 @@ class LauncherSpec(Frozen):
                                      f"({MODULE_WORD_RULE}); fix its launcher block")
         for field, env in (("env", self.env), ("task_env", self.task_env)):
             for key, value in env.items():
-                pieces, end = scan_shell(value, '"', _placeholder_end(value))
+                pieces, end = scan_shell(value, '"', placeholder_end(value))
                 if end != '"' or (pieces and pieces[-1].text == "\\"):
                     raise ValueError(f"launcher.{field} {key} {value!r} is written inside double quotes "
                                      f"({key}=\"...\") and would not leave them closed, so the job script does not "
