@@ -144,7 +144,8 @@ def quote_for(value: str, context: str = "", *, nested: bool = False) -> str:
     :class:`ShellPiece`).
 
     Unquoted (also inside ``$( )`` and backquotes): ``shlex.quote(value)``, or, when `nested` (the line
-    runs inside ``bash -c '...'``, where a single quote would end the outer quotes), in double quotes.
+    runs inside ``bash -c '...'``, where shlex's single quotes would end the outer ones), in double quotes; a
+    single quote in the value would end them too, which shell-safe text (:func:`unsafe_text`) never holds.
     Inside quotes: the value as it is. Raises :class:`Unquotable` when the value holds what ends or
     expands inside the quotes it would be written in, or a control character.
     """
