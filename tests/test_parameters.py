@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from axoplan.errors import AxoplanError
 from axoplan.executor.fragment import CollectivePoint, GemmTime, ProbeResult, group_shapes, render_fragment
 from axoplan.inputs.machine import Machine, load_machine, machines_dir, shipped_machines
+from axoplan.inputs.machine_params import parameter_value, with_values
 from axoplan.inputs.parameters import (
     DEFAULT_SOURCES,
     MACHINE_PARAMETERS,
@@ -260,6 +261,17 @@ def test_every_path_a_shipped_uncertainty_block_names_is_a_parameter() -> None:
              for path in (*u.sources, *u.ranges, *u.log_cov_paths)}
     assert {"gemm.max_efficiency", "scale_up.latency_us", "device.unified_memory.host_share_gb"} <= named
     assert all("*" not in machine_parameter(path).path for path in named)
+
+
+def test_a_dotted_path_outside_the_registry_is_no_parameter_to_read_or_move() -> None:
+    machine = load_machine("dgx-a100")
+    assert parameter_value(machine, "inter_node.scale_exponent") == 0.04  # machines/dgx-a100.yaml
+    assert with_values(machine, {"host.op_us": 7.0}).host.op_us == 7.0
+    for path in ("gemm.max_efficency", "gemm.tiles.*.m", "device"):
+        with pytest.raises(KeyError, match="is no machine parameter"):
+            parameter_value(machine, path)
+        with pytest.raises(KeyError, match="is no machine parameter"):
+            with_values(machine, {path: 1.0})
 
 
 def _concrete_paths() -> dict[str, tuple[str, str]]:

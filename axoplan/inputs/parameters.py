@@ -260,6 +260,7 @@ MACHINE_PARAMETERS: tuple[MachineParameter, ...] = (
 """Every numeric field of a machine YAML, once; parameters with a prior in the order the intervals use them."""
 
 _BY_PATH: dict[str, MachineParameter] = {p.path: p for p in MACHINE_PARAMETERS}
+_NAMED = frozenset(p.path for p in MACHINE_PARAMETERS if "*" not in p.path)
 
 DEFAULT_SOURCES: dict[str, SourceKind] = {p.path: p.source for p in MACHINE_PARAMETERS
                                           if p.prior and p.source is not None}
@@ -274,7 +275,7 @@ def machine_parameter(path: str) -> MachineParameter:
 
 def named_parameters() -> frozenset[str]:
     """The paths a machine's ``uncertainty:`` block may name: the entries of one number each (no ``*``)."""
-    return frozenset(p.path for p in MACHINE_PARAMETERS if "*" not in p.path)
+    return _NAMED
 
 
 def fit_bounds(path: str) -> FitBounds:
