@@ -11,7 +11,12 @@ Measures, for 320B on Frontier:
    candidate at a time) on a random sample, extrapolated to the whole space;
 3. the prediction intervals and P(best) added by `rank` (issue 10) alone, warm;
 4. the start-up-included wall time (intervals included) of `axoplan rank --model 320B --gpus 32768 --machine frontier`;
-5. the same for Mixtral 8x22B on 4,096 Frontier GCDs (issue 24: an MoE model, native module and hf path).
+5. the same for Mixtral 8x22B on 4,096 Frontier GCDs (issue 24: an MoE model, native module and hf path);
+6. with the op ledger priced for every candidate (issue 29): Llama 3.1 70B on 4,096 H100s under hf-transformers,
+   the model warm and the command's wall time.
+
+"model warm" is `predict` (compile and price, issue 32); "price" is a compiled plan priced again with one machine
+number moved (`inter_node.efficiency`), what a sensitivity, a calibration step or a what-if plot pays.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from axoplan.cost.model import predict
+from axoplan.cost.model import compile_plan, predict, price
 from axoplan.inputs.machine import Machine, load_machine
+from axoplan.inputs.machine_params import with_values
 from axoplan.inputs.model import load_model
 from axoplan.inputs.options import RunOptions
 from axoplan.search.ranking import rank
@@ -47,13 +53,27 @@ def _frontier_unbounded() -> Machine:
     return load_machine("frontier").model_copy(update={"nodes": None})
 
 
-def vectorised(world: int, repeats: int) -> tuple[int, float, float]:
+def vectorised(world: int, repeats: int) -> tuple[int, float, float, float]:
+    """Candidates, rank cold, model warm (predict) and a compiled plan's price with a moved number, seconds."""
     model, opts = load_model("320B"), RunOptions()
     cands = Candidates.enumerate(world, opts)
     cold = _best_of(lambda: rank(model, _frontier_unbounded(), opts, world), repeats)
     machine = _frontier_unbounded()
     warm = _best_of(lambda: predict(model, machine, opts, cands), repeats)
-    return len(cands), cold, warm
+    plan, moved = compile_plan(model, machine, opts, cands), with_values(machine, {"inter_node.efficiency": 0.7})
+    priced = _best_of(lambda: price(plan, moved), repeats)
+    return len(cands), cold, warm, priced
+
+
+LEDGER_ARGS = ("--model", "llama3.1-70B", "--gpus", "4096", "--machine", "dgx-h100", "--framework", "hf-transformers",
+               "--global-batch", "8192")
+
+
+def ledger_warm(repeats: int) -> tuple[int, float]:
+    """Candidates and the model warm (predict) with the op ledger priced for every one (LEDGER_ARGS)."""
+    model, opts = load_model("llama3.1-70B"), RunOptions(framework="hf-transformers", global_batch=8192)
+    cands, machine = Candidates.enumerate(4096, opts), load_machine("dgx-h100")
+    return len(cands), _best_of(lambda: predict(model, machine, opts, cands), repeats)
 
 
 def loop(world: int, sample: int) -> float:
@@ -104,12 +124,15 @@ def main() -> None:
         print(f"allocator thresholds raised as the axoplan command does: {keep_freed_memory()}")
     repeats, sample = (3, 200) if args.quick else (10, 1000)
     print(f"{'GPUs':>9} {'candidates':>10} {'rank cold ms':>12} {'model warm ms':>13} {'cand/s':>12} "
-          f"{'loop us/cand':>12} {'loop total s':>12} {'speed-up':>9}")
+          f"{'price ms':>9} {'loop us/cand':>12} {'loop total s':>12} {'speed-up':>9}")
     for world in (32768, 1 << 20):
-        n, cold, warm = vectorised(world, repeats)
+        n, cold, warm, priced = vectorised(world, repeats)
         per = loop(world, sample)
-        print(f"{world:>9} {n:>10} {cold * 1e3:>12.1f} {warm * 1e3:>13.1f} {n / warm:>12.3g} "
+        print(f"{world:>9} {n:>10} {cold * 1e3:>12.1f} {warm * 1e3:>13.1f} {n / warm:>12.3g} {priced * 1e3:>9.1f} "
               f"{per * 1e6:>12.0f} {per * n:>12.1f} {per * n / warm:>8.0f}x")
+    n, warm = ledger_warm(repeats)
+    print(f"with the op ledger ({' '.join(LEDGER_ARGS)}): {n} candidates, model warm {warm * 1e3:.1f} ms, "
+          f"{n / warm:.3g} cand/s")
     n, ms = intervals_ms(repeats)
     print(f"\nintervals + P(best) for 32768 GPUs: {ms:.1f} ms warm ({n} contenders sampled)")
     print(f"axoplan rank --model 320B --gpus 32768 --machine frontier: {cli_wall(5 if args.quick else 9):.2f} s "
@@ -117,6 +140,8 @@ def main() -> None:
     for extra in ((), ("--axonn-path", "hf")):
         wall = cli_wall(5 if args.quick else 9, (*MIXTRAL_ARGS, *extra))
         print(f"axoplan rank {' '.join((*MIXTRAL_ARGS, *extra))}: {wall:.2f} s wall (median, start-up included)")
+    wall = cli_wall(5 if args.quick else 9, LEDGER_ARGS)
+    print(f"axoplan rank {' '.join(LEDGER_ARGS)}: {wall:.2f} s wall (median, start-up included)")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import axoplan.cost.groups as groups_module
 import axoplan.cost.placement as placement
 from axoplan.cost.model import compile_plan, predict, price
 from axoplan.inputs.machine import load_machine
-from axoplan.inputs.machine_params import with_values
+from axoplan.inputs.machine_params import parameter_value, with_values
 from axoplan.inputs.model import load_model
 from axoplan.inputs.options import RunOptions
 from axoplan.search.ranking import rank
@@ -128,3 +128,21 @@ def test_the_native_moe_groups_are_placed_with_the_axes():
     assert g.bw["experts_tp"][0] == placement.place(frontier, 1, 2).bandwidth_gbs
     assert g.bw["experts_fsdp"][0] == placement.place(frontier, 2, 4).bandwidth_gbs
     assert not g.crosses["experts_fsdp"][0]
+
+
+@pytest.mark.parametrize("case", ["megatron path", "ledger framework"])
+def test_every_uncertain_number_moved_reprices_as_a_fresh_prediction(case):
+    """What pricing keeps between machines (the groups' numbers, the GEMM times, the op ledger's cost) is kept by
+    the numbers it reads: moving any one of the machine's uncertain parameters by 20 % gives a fresh prediction's
+    step times, bit for bit."""
+    name, machine_name, gpus, kw = CASES[case]
+    model, machine, options = load_model(name), load_machine(machine_name), RunOptions(**kw)
+    c = Candidates.enumerate(gpus, options)
+    plan = compile_plan(model, machine, options, c)
+    spread, _ = machine_spread(machine)
+    assert len(spread.paths) >= 10
+    for path in spread.paths:
+        value = parameter_value(machine, path)
+        moved = with_values(machine, {path: value * (0.8 if path.endswith("efficiency") else 1.2)})
+        assert np.array_equal(price(plan, moved).columns["t_step_s"],
+                              predict(model, moved, options, c).columns["t_step_s"]), path

@@ -86,8 +86,8 @@ class Prediction:
 @dataclass(frozen=True, slots=True)
 class CompiledPlan:
     """Everything a prediction of `candidates` needs that no machine number changes (module docstring), compiled
-    on `machine`'s topology; the op ledger's cost as priced on `machine` itself, which :func:`price` reuses for
-    that machine."""
+    on `machine`'s topology, and what pricing found that only some numbers change (the op ledger's cost, kept by
+    the numbers it reads)."""
 
     model: ModelSpec
     options: RunOptions
@@ -100,7 +100,7 @@ class CompiledPlan:
     n_micro: Floats
     params: Floats
     ledger: Ledger | None
-    ledger_cost: LedgerCost | None
+    ledger_costs: dict[tuple[object, ...], LedgerCost]  # the ledger priced, by the numbers it reads (_ledger_numbers)
     memory: MemoryBreakdown
     memory_columns: dict[str, Floats]
     found: dict[str, Floats] = field(default_factory=dict)
@@ -125,8 +125,9 @@ def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Can
     per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, options.hf_path)
     n_micro = options.global_batch / per_step.astype(np.float64)
     memory = memory_per_gpu(model, options, c, profile, ledger_cost)
+    costs = {} if ledger_cost is None else {_ledger_numbers(machine): ledger_cost}
     return CompiledPlan(model, options, c, profile, machine, groups, layers, tokens, n_micro,
-                        optimizer_params(model, c, options), ledger, ledger_cost, memory, memory.as_columns())
+                        optimizer_params(model, c, options), ledger, costs, memory, memory.as_columns())
 
 
 def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
@@ -136,9 +137,13 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     model, options, c, profile = plan.model, plan.options, plan.candidates, plan.profile
     groups = plan.groups.price(machine)
     dilation = _core_sharing(machine, c)
-    ledger = plan.ledger_cost
-    if plan.ledger is not None and machine is not plan.machine:
-        ledger = price_ledger(plan.ledger, machine, model, options.seq_len, c, hf_path=options.hf_path)
+    ledger = None
+    if plan.ledger is not None:
+        key = _ledger_numbers(machine)
+        if key not in plan.ledger_costs:
+            plan.ledger_costs[key] = price_ledger(plan.ledger, machine, model, options.seq_len, c,
+                                                  hf_path=options.hf_path)
+        ledger = plan.ledger_costs[key]
     n_micro, tokens = plan.n_micro, plan.tokens
     layers = price_layers(plan.layers, model, machine, options, c, groups, tokens, dilation, ledger)
     terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile)
@@ -164,6 +169,16 @@ def _ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine, optio
                            f"--moe-impl {options.moe_impl} would price AxoNN's as well: use --moe-impl transformers "
                            "(or auto), or --framework axonn for AxoNN's MoE modules")
     return ledger
+
+
+def _ledger_numbers(machine: Machine) -> tuple[object, ...]:
+    """Every part of `machine` that ``axoplan.cost.ledger.price_ledger`` reads (the device's bandwidth and peaks, its
+    op classes, the GEMM and attention efficiencies, ``memory_efficiency``): the ledger is priced again only when
+    one of them moves (``tests/test_compile.py`` moves every uncertain parameter and compares with a fresh
+    prediction)."""
+    parts = (machine.device, machine.kernels, machine.gemm)  # their JSON: the op classes hold a mapping
+    return (*(p.model_dump_json() if p is not None else "" for p in parts), machine.attention_efficiency,
+            machine.memory_efficiency)
 
 
 def _core_sharing(machine: Machine, c: Candidates) -> Floats | None:
