@@ -57,7 +57,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec, padded_vocab
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
-from axoplan.space.layout import sequences_per_micro_step
+from axoplan.space.layout import activation_split, sequences_per_micro_step
 
 __all__ = ["MemoryBreakdown", "memory_per_gpu", "MemoryVerdict", "memory_verdict", "VERDICTS", "vocab_rows",
            "sharded_params", "replicated_params", "MEMORY_MODEL_SIGMA", "activation_bytes_per_token", "mlp_width",
@@ -170,7 +170,7 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
         gathered=_gathered_bytes(model, options, c, profile),
         activations=(_activation_bytes(model, options, c, profile, tokens) if ledger is None
                      else _ledger_activation_bytes(model, c, profile, ledger, tokens)),
-        logits=tokens * vocab_rows(model, c) / (1.0 if options.hf_path else c.gy.astype(np.float64))
+        logits=tokens * vocab_rows(model, c) / activation_split(c.gx, c.gy, options.hf_path)[1].astype(np.float64)
         * rules.logits_bytes,
         gradients_apart=gradients_apart(options, c, profile),
     )
