@@ -13,8 +13,9 @@ calls ``backward`` on leaf tensors, so from the second call on autograd adds int
 efficiency takes off its two casts (12 bytes per logit at the cast's efficiency) and the same leaf
 accumulation (6 bytes per logit), leaving the ledger's loss ops (``LOSS_BYTES_PER_LOGIT``).
 
-``kernels_yaml`` writes the section the probe's fragment carries: each value capped to the machine schema's
-``(0, 1]`` (a comment says where), with what was timed and how in comments.
+``kernels_yaml`` writes the section the probe's fragment carries: each value capped to what the registry admits
+for a share (``axoplan.inputs.parameters``: 0.001 to 1; a comment says where), with what was timed and how in
+comments.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import math
 import statistics
 from pathlib import Path
 from typing import Any
+
+from axoplan.inputs.parameters import format_bound, machine_parameter
 
 __all__ = ["LOSS_BYTES_PER_LOGIT", "ADAMW_BYTES_PER_PARAM", "CAST_BYTES_PER_ELEMENT", "TENSORS_MOVED",
            "read_records", "kernel_constants", "attention_curves", "CLASSES", "kernels_yaml"]
@@ -197,12 +200,15 @@ def _how(recs: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
+_LOW, _HIGH = machine_parameter("kernels.norm").hard  # what a machine YAML may hold for an op class's share
+
+
 def _share(value: float) -> str:
-    """A share YAML reads as a float in the schema's (0, 1]: capped at 1, at least 0.001, 3 decimals."""
-    return f"{min(1.0, max(0.001, value)):.3f}"
+    """A share YAML reads as a float the registry admits (0.001 to 1): capped at either end, 3 decimals."""
+    return f"{min(_HIGH, max(_LOW, value)):.3f}"
 
 
 def _capped(value: float) -> str:
-    if value > 1:
-        return f" (measured {value:.3g}: above the datasheet, capped at 1)"
-    return f" (measured {value:.2g}: floored at 0.001)" if value < 0.001 else ""
+    if value > _HIGH:
+        return f" (measured {value:.3g}: above the datasheet, capped at {format_bound(_HIGH)})"
+    return f" (measured {value:.2g}: floored at {format_bound(_LOW)})" if value < _LOW else ""
