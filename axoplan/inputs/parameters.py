@@ -69,7 +69,7 @@ class MachineParameter:
     unit: str
     hard: tuple[float, float]  # inclusive: a value outside is refused
     usual: tuple[float, float]  # inclusive: a value outside warns
-    source: SourceKind | None  # None: no constant of the hardware (a site's policy, a calibration's output, a unit)
+    source: SourceKind | None  # None: no constant of the hardware (a site's policy, a calibration's output, nn's 1)
     meaning: str
     prior: bool = False  # carries its source's spread in every prediction interval (a machine may override)
     fit: FitBounds | None = None  # None: calibrate does not fit it
@@ -80,8 +80,6 @@ class MachineParameter:
     def prior_rel_sigma(self) -> float | None:
         """The one-sigma relative spread of its prior, None where it has none."""
         return PRIOR_REL_SIGMA[self.source] if self.prior and self.source is not None else None
-
-
 
 
 _Kind = tuple[str, tuple[float, float], tuple[float, float]]  # unit, hard, usual
@@ -100,7 +98,7 @@ def _p(path: str, kind: _Kind, source: SourceKind | None, meaning: str, *, prior
 _FRACTION = _r("(fraction)", (1e-3, 1.0), (0.05, 1.0))
 _LATENCY = _r("us", (1e-3, 1e6), (0.05, 1e4))
 _LINK = _r("GB/s", (1e-5, 1e5), (1e-3, 1e4))  # 1 MB/s: gloo between CPU ranks of a shared core
-_SHARE = _r("(fraction)", (0, 0.99), (0, 0.5))
+_USAGE = _r("(fraction)", (0, 0.99), (0, 0.5))
 _NODES = _r("nodes", (1, 1e6), (1, 1e5))
 _GROUP_NODES = _r("nodes", (1, 1e6), (1, 1e4))
 _ORIENTATION = _r("(relative to nn)", (1e-3, 4.0), (0.2, 1.5))
@@ -167,7 +165,7 @@ MACHINE_PARAMETERS: tuple[MachineParameter, ...] = (
        prior=True, fit=FitBounds(0.005, 1.0)),
     _p("intra_node.latency_us", _LATENCY, "assumption", "per-step collective latency inside a node", prior=True,
        fit=FitBounds(0.01, 1e5)),
-    _p("intra_node.processor_usage", _SHARE, "assumption",
+    _p("intra_node.processor_usage", _USAGE, "assumption",
        "share of compute a collective inside a node takes from the work it overlaps", prior=True),
     _p("intra_node.link_classes.*.bandwidth_gbs", _LINK, "vendor", "a link class's bandwidth per pair and direction"),
     _p("intra_node.link_classes.*.pairs.*.*", _r("device index", (0, 4095), (0, 143)), "vendor",
@@ -184,7 +182,7 @@ MACHINE_PARAMETERS: tuple[MachineParameter, ...] = (
        prior=True, fit=FitBounds(0.005, 1.0)),
     _p("inter_node.latency_us", _LATENCY, "assumption", "per-step collective latency across nodes", prior=True,
        fit=FitBounds(0.01, 1e5)),
-    _p("inter_node.processor_usage", _SHARE, "assumption",
+    _p("inter_node.processor_usage", _USAGE, "assumption",
        "share of compute a collective across nodes takes from the work it overlaps", prior=True),
     _p("inter_node.scale_exponent", _r("(exponent)", (0, 1), (0, 0.5)), "assumption",
        "bandwidth loss with the nodes a group spans, (N/N_ref)^-x", prior=True, fit=FitBounds(1e-4, 1.0)),
