@@ -48,19 +48,25 @@ def test_exponents_are_read_from_doubling() -> None:
         _exponents(24, {"B": 72}, "x")
 
 
-def test_torchtitan_is_traced_where_installed_and_refused_in_one_line_where_not(tmp_path: Path) -> None:
-    """torchtitan is no dependency (CI's venv lacks it): where it is installed, the tracer reproduces the shipped
-    ledger's op list; where it is not, it says in one line what to install, and writes nothing."""
-    out = tmp_path / "torchtitan-llama.json"
-    done = subprocess.run([sys.executable, "benchmarks/derive_ledger.py", "--framework", "torchtitan", "--family",
-                           "llama", "--precision", "bf16", "--out", str(out)], capture_output=True, text=True,
+@pytest.mark.parametrize(("framework", "family", "package", "install"), [
+    ("torchtitan", "llama", "torchtitan", "install torchtitan==0.3.0"),
+    ("llm-foundry", "mpt", "llmfoundry", "install llm-foundry==0.22.0"),
+])
+def test_a_framework_is_traced_where_installed_and_refused_in_one_line_where_not(
+        tmp_path: Path, framework: str, family: str, package: str, install: str) -> None:
+    """torchtitan and llm-foundry are no dependencies (CI's venv lacks them): where one is installed, the tracer
+    reproduces the shipped ledger's op list; where it is not, it says in one line what to install, and writes
+    nothing."""
+    out = tmp_path / f"{framework}-{family}.json"
+    done = subprocess.run([sys.executable, "benchmarks/derive_ledger.py", "--framework", framework, "--family",
+                           family, "--precision", "bf16", "--out", str(out)], capture_output=True, text=True,
                           check=False, cwd=Path(__file__).resolve().parents[1])
-    if importlib.util.find_spec("torchtitan") is not None:
+    if importlib.util.find_spec(package) is not None:
         assert done.returncode == 0, done.stderr
         shipped = json.loads((Path(__file__).resolve().parents[1] / "frameworks" / "ledgers"
-                              / "torchtitan-llama.json").read_text())
+                              / f"{framework}-{family}.json").read_text())
         assert json.loads(out.read_text())["scopes"] == shipped["scopes"]
     else:
         assert done.returncode != 0 and not out.exists()
-        assert done.stderr.strip().count("\n") == 0 and "install torchtitan==0.3.0" in done.stderr
+        assert done.stderr.strip().count("\n") == 0 and install in done.stderr
         assert "Traceback" not in done.stderr

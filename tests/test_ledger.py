@@ -131,7 +131,7 @@ def test_every_shipped_ledger_has_integer_monomials_and_known_classes() -> None:
         assert path.stem == f"{doc['profile']}-{doc['family']}"
         ledger = load_ledger(doc["profile"], doc["family"])
         assert ledger.made_by.startswith("python benchmarks/derive_ledger.py")
-        assert "torch" in ledger.versions and set(ledger.versions) & {"transformers", "torchtitan"}  # the traced code's
+        assert "torch" in ledger.versions and set(ledger.versions) & {"transformers", "torchtitan", "llm-foundry"}
         for ops in ledger.scopes.values():
             for op in ops:
                 assert op.op_class in {"gemm", "attention", "norm", "activation", "elementwise", "copy_cast",
@@ -413,3 +413,79 @@ def test_torchtitan_ranks_and_explains_through_the_cli() -> None:
     assert explain.returncode == 0, explain.stderr
     assert "Op ledger by class" in explain.stdout
     assert "all-gather" in explain.stdout and "reduce-scatter" in explain.stdout
+
+
+SYM_MPT7B = {"B": 2, "S": 2048, "H": 4096, "NH": 32, "KV": 32, "F": 16384, "V": 50368}
+
+
+def test_llm_foundry_mpt_block_gemms_are_two_flops_per_token_and_weight() -> None:
+    """MPT's block (``llmfoundry/models/layers``: Wqkv, out_proj, up_proj, down_proj with biases, GeLU MLP of
+    ``expansion_ratio·d_model``): forward GEMMs 2·tokens·(weights), backward twice that."""
+    ledger = load_ledger("llm-foundry", "mpt")
+    h, f = SYM_MPT7B["H"], SYM_MPT7B["F"]
+    tokens = SYM_MPT7B["B"] * SYM_MPT7B["S"]
+    for scope, factor in (("block_forward", 2), ("block_backward", 4)):
+        flops = sum(op.count * _value(op.flops, SYM_MPT7B) for op in ledger.ops(scope) if op.op_class == "gemm")
+        assert flops == pytest.approx(factor * tokens * (4 * h * h + 2 * h * f), rel=1e-9), scope
+
+
+def test_llm_foundry_mpt_kernels_per_block_as_its_code_reads() -> None:
+    """``MPTBlock.forward`` with flash attention and no dropout: two low-precision LayerNorms, Wqkv, attention,
+    out_proj, two residual adds, up_proj, GeLU, down_proj: 10 kernels, the count ``pytorch-fsdp.yaml`` made by hand
+    (5 + 5). Backward: 8 GEMMs, four bias gradients (reductions), two LayerNorm backwards, GeLU's, two adds, the
+    attention backward, the concatenation of dq, dk, dv for the fused Wqkv and the unit's flat gradient: 20."""
+    ledger = load_ledger("llm-foundry", "mpt")
+
+    def count(scope: str, cls: str | None = None) -> int:
+        return sum(op.count for op in ledger.ops(scope) if op.op_class != "view" and cls in (None, op.op_class))
+
+    assert (count("block_forward"), count("block_forward", "gemm"), count("block_forward", "norm")) == (10, 4, 2)
+    assert (count("block_backward"), count("block_backward", "gemm"), count("block_backward", "reduction")) \
+        == (20, 8, 4)
+
+
+def test_llm_foundry_mpt_loss_is_one_fused_op_each_way() -> None:
+    """flash-attn's fused cross-entropy: one loss kernel forward (bf16 logits in, fp32 loss and log-sum-exp out) and
+    one backward (the bf16 gradient of the logits); no fp32 copy of the logits anywhere in the step."""
+    ledger = load_ledger("llm-foundry", "mpt")
+    for scope in ("rest_forward", "rest_backward"):
+        losses = [op for op in ledger.ops(scope) if op.op_class == "loss"]
+        assert len(losses) == 1 and losses[0].count == 1
+    fwd = next(op for op in ledger.ops("rest_forward") if op.op_class == "loss")
+    per_token = {k: _value(getattr(fwd, k), SYM_MPT7B) / (SYM_MPT7B["B"] * SYM_MPT7B["S"]) for k in ("read", "write")}
+    assert per_token == {"read": 2 * SYM_MPT7B["V"] + 8, "write": 8}  # bf16 logits and int64 labels; loss and lse
+    for scope in ("rest_forward", "rest_backward"):
+        for op in ledger.ops(scope):
+            assert not any(t.coef == 4 and dict(t.exps).get("V") == 1 and "B" in dict(t.exps) for t in op.write), op
+
+
+def test_llm_foundry_mpt_keeps_what_its_code_saves() -> None:
+    """Per token and block, by reading ``MPTBlock`` (bf16): the first LayerNorm's input and output (2·H each) and its
+    mean and rstd (2 + 2: CPU's bf16 statistics, which CUDA keeps in fp32, 4 B per norm more), Wqkv's output, which
+    q, k and v view (6·H), the attention output (out_proj's input, 2·H) and its log-sum-exp (4·NH), the second
+    LayerNorm's input and output (2·H each) and statistics (2 + 2), up_proj's output and GeLU's (2·F each):
+    ``16·H + 4·F + 4·NH + 8``."""
+    ledger = load_ledger("llm-foundry", "mpt")
+    h, f, nh = SYM_MPT7B["H"], SYM_MPT7B["F"], SYM_MPT7B["NH"]
+    tokens = SYM_MPT7B["B"] * SYM_MPT7B["S"]
+    per_token = sum(_value((t,), SYM_MPT7B) for t in ledger.saved["block_forward"]) / tokens
+    assert per_token == pytest.approx(16 * h + 4 * f + 4 * nh + 8, rel=1e-9)
+
+
+def test_llm_foundry_ranks_and_explains_an_mpt_through_the_cli() -> None:
+    """``--framework llm-foundry`` ranks MPT-7B's shape on 8 A100s with Z over all of them among its layouts, and
+    explain shows its ledger with the fused loss."""
+    shape = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "50368", "--machine", "dgx-a100-80gb",
+             "--framework", "llm-foundry", "--gpus", "8", "--seq-len", "2048"]
+    rank = subprocess.run([sys.executable, "-m", "axoplan", "rank", *shape, "--global-batch", "64", "--format", "json"],
+                          capture_output=True, text=True, check=False)
+    assert rank.returncode == 0, rank.stderr
+    rows = json.loads(rank.stdout)["rows"]
+    assert any((r["gx"], r["gy"], r["gz"], r["gdata"]) == (1, 1, 8, 1) for r in rows)
+    explain = subprocess.run([sys.executable, "-m", "axoplan", "explain", *shape, "--global-batch", "16",
+                              "--micro-batch", "2", "--recompute", "on", "--cache-weights", "off", "--layout",
+                              "1x1x8x1"], capture_output=True, text=True, check=False)
+    assert explain.returncode == 0, explain.stderr
+    assert "Op ledger by class" in explain.stdout
+    loss = next(line for line in explain.stdout.splitlines() if line.split()[:1] == ["loss"])
+    assert float(loss.split()[1]) > 0
