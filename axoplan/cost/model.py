@@ -58,7 +58,7 @@ from axoplan.cost.ledger import (
     shipped_family,
 )
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
-from axoplan.cost.step import collective_calls, compute_columns, optimizer_params, step_columns
+from axoplan.cost.step import collective_calls, compute_columns, optimizer_params, step_columns, step_flops
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.errors import AxoplanError
 from axoplan.inputs.framework import FrameworkProfile, load_framework
@@ -103,6 +103,7 @@ class CompiledPlan:
     ledger_costs: dict[tuple[object, ...], LedgerCost]  # the ledger priced, by the numbers it reads (_ledger_numbers)
     memory: MemoryBreakdown
     memory_columns: dict[str, Floats]
+    flops: tuple[Floats, float]  # the kernels' and the model's per step (axoplan.cost.step.step_flops)
     found: dict[str, Floats] = field(default_factory=dict)
     """What the first pricing finds that no machine number changes (the collective calls per micro-batch)."""
 
@@ -127,7 +128,8 @@ def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Can
     memory = memory_per_gpu(model, options, c, profile, ledger_cost)
     costs = {} if ledger_cost is None else {_ledger_numbers(machine): ledger_cost}
     return CompiledPlan(model, options, c, profile, machine, groups, layers, tokens, n_micro,
-                        optimizer_params(model, c, options), ledger, costs, memory, memory.as_columns())
+                        optimizer_params(model, c, options), ledger, costs, memory, memory.as_columns(),
+                        step_flops(model, options, c))
 
 
 def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
@@ -151,7 +153,7 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     if "calls" not in plan.found:
         plan.found["calls"] = collective_calls(terms, n_micro)
     columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation, ledger,
-                           plan.found["calls"])
+                           plan.found["calls"], plan.flops)
     if ledger is not None:
         columns |= ledger_class_columns(ledger, model.num_layers, c.recompute, n_micro, compute["t_gemm_s"])
     return Prediction(c, columns | plan.memory_columns, tuple(terms), plan.memory)

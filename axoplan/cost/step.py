@@ -26,7 +26,7 @@ from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
-__all__ = ["compute_columns", "step_columns", "optimizer_params", "collective_calls"]
+__all__ = ["compute_columns", "step_columns", "optimizer_params", "collective_calls", "step_flops"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -95,6 +95,11 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
     return ops + extra, kernels + extra  # [assumed] one host op per launched GEMM
 
 
+def step_flops(model: ModelSpec, options: RunOptions, c: Candidates) -> tuple[Floats, float]:
+    """The flops the kernels execute in a step, per candidate, and the model's (``axoplan.cost.flops``)."""
+    return hardware_flops(model, options, c.recompute), model_flops(model, options)
+
+
 def collective_calls(terms: list[CollectiveTerm], n_micro: Floats) -> Floats:
     """Collective calls of one micro-batch on groups of more than one rank (the step's own and the drains, which
     make no call, left out): no machine number changes them."""
@@ -107,7 +112,7 @@ def _added(arrays: Iterable[Floats]) -> Floats:
     positive as ``0 + x`` makes it), into one array where the shapes allow it."""
     total: Floats | int = 0
     for a in arrays:
-        if isinstance(total, np.ndarray) and total.shape == np.broadcast_shapes(total.shape, np.shape(a)):
+        if isinstance(total, np.ndarray) and total.shape == np.shape(a):
             total += a
         else:
             total = total + a
@@ -148,10 +153,11 @@ def step_columns(
     model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates, g: Groups,
     terms: list[CollectiveTerm], compute: dict[str, Floats], n_micro: Floats, profile: FrameworkProfile,
     dilation: Floats | None = None, ledger: LedgerCost | None = None, calls: Floats | None = None,
+    flops: tuple[Floats, float] | None = None,
 ) -> dict[str, Floats]:
     """The step: compute, exposed collectives, what hidden collectives take from the compute beside
     them, the wait for the slowest GPU, and the time the device waits for the host (`calls`:
-    :func:`collective_calls`, where the caller has them)."""
+    :func:`collective_calls`, and `flops`: :func:`step_flops`, where the caller has them)."""
     cols = dict(compute)
     totals = [(t.axis, t.total_s, t.exposed_s) for t in terms]
     comm_axes = (*AXES, "world")
@@ -176,9 +182,9 @@ def step_columns(
             + cols["t_host_idle_s"])
     cols["t_step_s"] = step
     world = c.world_size.astype(np.float64)
-    hw = hardware_flops(model, options, c.recompute)
+    hw, useful = step_flops(model, options, c) if flops is None else flops
     cols["tflops_per_gpu"] = hw / step / world / 1e12
     cols["pct_peak"] = 100.0 * hw / step / world / machine.peak_flops
-    cols["mfu"] = 100.0 * model_flops(model, options) / step / world / machine.peak_flops
+    cols["mfu"] = 100.0 * useful / step / world / machine.peak_flops
     cols["grad_accum"] = n_micro
     return cols
