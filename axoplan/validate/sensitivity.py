@@ -5,7 +5,9 @@ prediction is repeated with the parameter at each end of its sourced range (the 
 ``uncertainty.ranges``), or, where none is given, at the ends of its prior's central 80 %
 (``value·exp(±z·σ)``, σ by how the number is sourced), one parameter at a time. The
 *sensitivity band* is the lowest and highest error any single move gives: an error figure
-whose band is wide rests on a constant, not on the model.
+whose band is wide rests on a constant, not on the model. The plans are compiled once
+(:class:`axoplan.validate.compare.Predictor`, ``axoplan.cost.model.compile_plan``): each move prices them again
+without placing a group twice.
 """
 
 from __future__ import annotations
