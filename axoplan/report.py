@@ -301,10 +301,13 @@ def _ledger_section(rec: dict[str, Any]) -> list[str]:
     classes["optimizer"] = float(rec["t_optimizer_s"])
     if len(classes) <= 2:
         return []
+    stall = classes.pop("host_sync", 0.0)  # not a kernel: the device waiting at the host syncs
     total = sum(classes.values())
     rows = [[name, f"{t:.4f}", f"{100.0 * t / total:.1f}"] for name, t in sorted(classes.items(), key=lambda kv: -kv[1])
             if t > 0]
     rows.append(["total (kernels only: no gaps, host or communication)", f"{total:.4f}", "100.0"])
+    if stall > 0:
+        rows.append(["host syncs (the device drained, waiting for the host)", f"{stall:.4f}", ""])
     return ["", "Op ledger by class, device seconds per step", text_table(["class", "seconds", "%"], rows,
                                                                           [False, True, True])]
 

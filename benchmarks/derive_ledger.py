@@ -56,7 +56,7 @@ CUDA_FP32_SET_DTYPE = ("softmax.int", "log_softmax.int", "sum", "sum.dim_IntList
 VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "slice", "select", "unsqueeze", "squeeze",
             "split", "split_with_sizes", "alias", "detach", "as_strided", "unbind", "reshape", "lift_fresh",
             "_reshape_alias", "chunk", "narrow", "diagonal", "unflatten", "flatten", "view_as", "movedim",
-            "expand_as", "_to_copy_view", "lift_fresh_copy", "_local_scalar_dense", "is_same_size", "sym_size",
+            "expand_as", "_to_copy_view", "lift_fresh_copy", "is_same_size", "sym_size",
             "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "arange", "scalar_tensor",
             "_has_compatible_shallow_copy_type", "set_", "resize_", "view_as_complex", "view_as_real"}
 
@@ -190,10 +190,44 @@ class Recorder(TorchDispatchMode):
             "out": sizes_out,
             "shapes": [tuple(t.shape) for t in ins],
             "region": self.gemms_seen,
+            "sync": waits_for_device(name, args, kwargs),
         })
+        if name.split(".")[0] == "_grouped_mm" and ins and ins[0].dtype == torch.float32:
+            offs = [t for t in ins if t.dtype in (torch.int32, torch.int64)]
+            self.ops[self.scope].append({  # CUDA's fp32 fallback copies the offsets to the host first
+                "op": "_grouped_mm_fallback.offs_cpu", "in": [(t.numel(), t.element_size()) for t in offs],
+                "out": [(t.numel(), t.element_size()) for t in offs], "shapes": [], "region": self.gemms_seen,
+                "sync": True})
         if op_class(name) == "gemm":
             self.gemms_seen += 1
         return out
+
+
+HOST_SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique", "_unique2",
+                 "unique_dim", "unique_consecutive", "bincount", "equal", "is_nonzero", "repeat_interleave",
+                 "_assert_async", "tolist"}
+"""Ops whose CUDA kernel makes the host wait for the device: a value read back (``_local_scalar_dense``: ``.item()``,
+``.tolist()``, ``bool(t)``) or an output whose shape depends on the data (``nonzero``, ``masked_select``, ``unique``,
+``repeat_interleave`` without ``output_size``, ``bincount``): the host must learn a number before it can allocate
+or go on."""
+
+
+def waits_for_device(name: str, args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether aten op `name` (with its arguments) is a host sync on a GPU: one of :data:`HOST_SYNC_OPS`, or indexing
+    with a boolean mask (``t[mask]``, ``t[mask] = v``: ``index.Tensor``/``index_put`` call ``nonzero`` first), or
+    ``repeat_interleave`` given no ``output_size``. Also CUDA's fp32 ``_grouped_mm``, which ATen runs as a loop of
+    ``mm`` after copying its offsets to the host (``aten/src/ATen/native/GroupedMMUtils.h``
+    ``_grouped_mm_fallback``: ``offs.cpu()``; the bf16 kernel takes them on the device): recorded beside it by
+    :class:`Recorder`."""
+    base = name.split(".")[0]
+    if base == "repeat_interleave":
+        return kwargs.get("output_size") is None
+    if base in HOST_SYNC_OPS:
+        return True
+    if base in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", [])
+        return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in indices or [])
+    return False
 
 
 def _mutated(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -808,10 +842,12 @@ def derive(family: str, precision: str, base: dict[str, int], framework: str = "
             entries.append(_entry(op, i, scope, runs, varied, base))
         scopes[scope] = _compact(entries)
     step_bytes: dict[str, float] = defaultdict(float)
-    for op in ops0.get("step", []):
-        if not is_view(op["op"]):
-            step_bytes[op_class(op["op"])] += sum(n * b for n, b in op["in"] + op["out"]) / params0
-    step_kernels = sum(1 for op in ops0.get("step", []) if not is_view(op["op"]))
+    # a scalar read in the step is the optimizer's step count, which torch.optim keeps on the host (not capturable,
+    # not fused: torch/optim/adamw.py): no kernel and no device sync there
+    step_ops = [op for op in ops0.get("step", []) if not is_view(op["op"]) and not op.get("sync")]
+    for op in step_ops:
+        step_bytes[op_class(op["op"])] += sum(n * b for n, b in op["in"] + op["out"]) / params0
+    step_kernels = len(step_ops)
     saved = {scope: _saved_terms(scope, runs, varied, base) for scope in saved0}
     return {"scopes": scopes, "saved": saved,
             "optimizer": {"bytes_per_param": {k: round(v, 4) for k, v in sorted(step_bytes.items())},
@@ -834,7 +870,8 @@ def _entry(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied:
             out.append([round(coef * size, 6), e])
         return out
 
-    entry = {"op": op["op"], "class": op_class(op["op"]), "read": terms("in"), "write": terms("out")}
+    entry = {"op": op["op"], "class": "host_sync" if op.get("sync") else op_class(op["op"]), "read": terms("in"),
+             "write": terms("out")}
     if scope.startswith("block"):
         entry["axis"] = activation_axis(scope, op["region"])
     if entry["class"] in {"gemm", "attention"}:

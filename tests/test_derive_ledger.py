@@ -70,3 +70,30 @@ def test_a_framework_is_traced_where_installed_and_refused_in_one_line_where_not
         assert done.returncode != 0 and not out.exists()
         assert done.stderr.strip().count("\n") == 0 and install in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_ops_that_make_the_host_wait_are_recorded_as_host_syncs() -> None:
+    """A read-back (``.item()``), a data-dependent shape (``nonzero``, a boolean-mask index) and CUDA's fp32
+    ``_grouped_mm`` (its fallback copies the offsets to the host) are host syncs; an integer index, a fixed-shape
+    reduction and the bf16 grouped GEMM are not."""
+    from benchmarks.derive_ledger import waits_for_device
+
+    x = torch.randn(8, 4)
+    rec = Recorder()
+    with rec:
+        x.sum().item()
+        torch.nonzero(x > 0)
+        x[x[:, 0] > 0]
+        x[torch.tensor([0, 2])]
+    synced = {op["op"]: op["sync"] for op in rec.ops["rest_forward"]}
+    assert synced["_local_scalar_dense.default"] and synced["nonzero.default"]
+    assert synced["sum.default"] is False and synced["gt.Scalar"] is False
+    index_syncs = [op["sync"] for op in rec.ops["rest_forward"] if op["op"] == "index.Tensor"]
+    assert index_syncs == [True, False]  # the boolean mask, then the integer index
+    assert waits_for_device("repeat_interleave.self_Tensor", (x, torch.tensor([1])), {}) is True
+    a, offs = torch.randn(8, 8), torch.tensor([4, 8], dtype=torch.int32)  # rows and columns of 16 bytes or more
+    for dtype, syncs in ((torch.float32, 1), (torch.bfloat16, 0)):
+        rec = Recorder()
+        with rec:
+            torch._grouped_mm(a.to(dtype), torch.randn(2, 8, 8, dtype=dtype), offs=offs)
+        assert sum(op["sync"] for op in rec.ops["rest_forward"]) == syncs

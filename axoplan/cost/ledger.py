@@ -22,7 +22,10 @@ routine, ``shared/design/house-style.md`` §7):
 * a GEMM entry is counted (kernels, host ops) but priced by the tile model with the 4D linear it belongs to
   (``axoplan.cost.layers``), where its collectives overlap with it, except a mixture's grouped expert GEMM, which
   no 4D linear holds: the ledger prices it, at the fp32 CUDA-core peak where it runs in fp32;
-* a view costs the host an op and the device nothing.
+* a view costs the host an op and the device nothing;
+* a host sync (an op whose CUDA kernel makes the host wait: ``.item()``, ``nonzero``, a boolean-mask index, the fp32
+  ``_grouped_mm``'s copy of its offsets to the host) is a point where the device drains and then waits for the host
+  to issue the next kernel (:func:`sync_stall_s`).
 
 The ledger's work runs where AxoNN's Hugging Face path runs it (``docs/algorithm.md`` §4b): on the GPU's own
 sequences at full width, so its symbols are the model's own dimensions; a parameter-shaped tensor (no ``B``
@@ -48,12 +51,14 @@ from axoplan.space.candidates import Candidates
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
            "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family", "per_step_s",
-           "traced_for"]
+           "traced_for", "sync_stall_s", "NOT_KERNELS"]
 
 Floats = npt.NDArray[np.float64]
 
 OP_CLASSES: tuple[str, ...] = ("gemm", "attention", "norm", "activation", "elementwise", "copy_cast", "reduction",
-                               "loss", "memset", "optimizer", "view")
+                               "loss", "memset", "optimizer", "view", "host_sync")
+NOT_KERNELS = ("view", "host_sync")
+"""Classes that launch no kernel: a view, and a host sync (a device-to-host copy or read-back, priced as a stall)."""
 SCOPES = ("block_forward", "block_backward", "rest_forward", "rest_backward")
 
 
@@ -260,10 +265,12 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             host[scope] += op.count
             if op.op_class == "view":
                 continue
-            kernels[scope] += op.count
+            kernels[scope] += 0 if op.op_class in NOT_KERNELS else op.count
             if op.op_class == "gemm" and not op.grouped:
                 continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
-            if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
+            if op.op_class == "host_sync":
+                t = op.count * sync_stall_s(machine) + 0.0 * shard.params
+            elif op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
                 t = op.count * _evaluate(op.flops, sym, shard) / _gemm_rate(machine, op.dtype)
             elif op.op_class == "attention":
                 t = op.count * 0.5 * _evaluate(op.flops, sym, shard) / attn_rate  # the causal half
@@ -275,6 +282,20 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             seconds[key] = seconds.get(key, 0.0) + t
     saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
     return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param)
+
+
+def sync_stall_s(machine: Machine) -> float:
+    """Device seconds lost at one host sync: the device drains its queue, the host learns it and issues the next op,
+    whose kernel then starts. Priced from the host model (``Machine.host``): one round trip between device and host,
+    taken as one kernel launch's latency (``host.launch_us``: about 3 µs for an empty kernel, Boyer, "CUDA kernel
+    overhead", U. Virginia; 5-20 µs CPU-side in PyTorch traces, Meta's HolisticTraceAnalysis docs) [assumed], plus
+    the host's time to issue the one op that follows (``host.op_us + host.launch_us``); approximation: the device is
+    busy again from the first kernel after the sync (the host keeps ahead of it from there, as it did before).
+    A CPU 'device' is the host itself: nothing to wait for."""
+    host = machine.host
+    if not host.overlaps_device:
+        return 0.0
+    return (host.op_us + 2.0 * host.launch_us) * 1e-6
 
 
 def _gemm_rate(machine: Machine, dtype: str) -> float:
