@@ -146,3 +146,29 @@ def test_every_uncertain_number_moved_reprices_as_a_fresh_prediction(case):
         moved = with_values(machine, {path: value * (0.8 if path.endswith("efficiency") else 1.2)})
         assert np.array_equal(price(plan, moved).columns["t_step_s"],
                               predict(model, moved, options, c).columns["t_step_s"]), path
+
+
+def test_the_calibration_predictor_compiles_once_per_topology(monkeypatch):
+    """`Predictor.step_s` (calibration, coverage and the sensitivity band price through it) compiles its plans once
+    per machine topology and gives, for every machine it is asked about, what a fresh predictor gives."""
+    import axoplan.validate.compare as compare
+    from tests.validate_helpers import small_plans, theory_machine
+
+    plans = small_plans(worlds=(4, 8), micro_batches=(1, 2))
+    machine = theory_machine()
+    compiled = []
+    real = compare.compile_plan
+
+    def counting(*args, **kwargs):
+        compiled.append(args[1].name)
+        return real(*args, **kwargs)
+
+    machines = [machine, with_values(machine, {"inter_node.efficiency": 0.5}),
+                with_values(machine, {"gemm.max_efficiency": 0.5, "host.op_us": 30.0})]
+    fresh = [compare.Predictor(plans).step_s(m) for m in machines]
+    monkeypatch.setattr(compare, "compile_plan", counting)
+    predictor = compare.Predictor(plans)
+    for m, expected in zip(machines, fresh, strict=True):
+        assert np.array_equal(predictor.step_s(m), expected)
+    assert len(predictor._groups) >= 1 and len(compiled) == len(predictor._groups)  # once, for three machines
+    assert not np.array_equal(fresh[0], fresh[2])
