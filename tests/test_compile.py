@@ -112,6 +112,8 @@ def test_a_compiled_plan_refuses_a_machine_of_another_topology():
     plan = compile_plan(model, load_machine("perlmutter"), options, c)
     with pytest.raises(ValueError, match="compile them again"):
         price(plan, load_machine("frontier"))
+    with pytest.raises(ValueError, match="cannot be priced on a cpu"):  # another device kind runs another ledger
+        price(plan, load_machine("local-cpu"))
 
 
 def test_the_native_moe_groups_are_placed_with_the_axes():

@@ -136,6 +136,9 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     """`plan` priced with `machine`'s numbers (default: the machine it was compiled on); `machine` must have the
     topology the plan was compiled for (``axoplan.cost.placement.topology``)."""
     machine = plan.machine if machine is None else machine
+    if machine.device.kind != plan.machine.device.kind:  # the op ledger a framework runs is the device kind's
+        raise ValueError(f"a plan compiled for a {plan.machine.device.kind} cannot be priced on a "
+                         f"{machine.device.kind} ({machine.name!r}): compile it again")
     model, options, c, profile = plan.model, plan.options, plan.candidates, plan.profile
     groups = plan.groups.price(machine)
     dilation = _core_sharing(machine, c)
