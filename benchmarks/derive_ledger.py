@@ -968,6 +968,12 @@ TRACED = {
 }
 """What a trace ran of the framework's own code, and what stood in for kernels that do not run on a CPU."""
 
+ATTENTION = {"torchtitan": "flash", "llm-foundry": "run"}
+"""The attention kernel a framework's code runs, where it is not SDPA's pick on the device (``Ledger.attention``):
+torchtitan's FlexAttention has no measured curve of its own and takes FlashAttention-2's (its paper: 90 % of
+FlashAttention-2 forward, 85 % backward [assumed]); llm-foundry takes it from the run (``attn_config.attn_impl``:
+``flash`` or ``triton``, the run's ``--attention``)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1009,6 +1015,7 @@ def main(argv: list[str] | None = None) -> int:
         "made_by": "python benchmarks/derive_ledger.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "versions": {"torch": torch.__version__, **code_version(args.framework)},
         **({"traced": TRACED[args.framework]} if args.framework in TRACED else {}),
+        **({"attention": ATTENTION[args.framework]} if args.framework in ATTENTION else {}),
         "symbols": {"B": "micro-batch sequences", "S": "sequence length", "H": "hidden size", "NH": "attention heads",
                     "KV": "key-value heads", "F": "FFN width", "V": "vocabulary"},
         "base_dims": base,

@@ -541,3 +541,58 @@ def test_explain_shows_the_host_syncs_apart_from_the_kernels(tmp_path: Path) -> 
     assert float(line.split()[-1]) == pytest.approx(48 * 19.18e-6, abs=1e-4)
     kernels_total = next(x for x in done.stdout.splitlines() if x.startswith("total (kernels only"))
     assert kernels_total.split()[-1] == "100.0"
+
+
+def test_a_ledger_runs_the_attention_kernel_its_code_runs() -> None:
+    """transformers' SDPA takes the device's pick whatever --attention says; torchtitan's FlexAttention is priced on
+    FlashAttention-2's curve; llm-foundry takes the run's kernel (its attn_config): Triton at the A100's flat
+    ``attention_triton_efficiency``, FlashAttention-2 at the flat ``attention_efficiency``, and on an H100 the
+    measured flash curve (not cuDNN, which llm-foundry does not call)."""
+    a100, h100 = load_machine("dgx-a100"), load_machine("dgx-h100")
+    assert attention_efficiency(a100, "flash-triton", 2048) == a100.attention_triton_efficiency == 0.30
+    assert attention_efficiency(a100, "flash", 2048) == a100.attention_efficiency
+    hf, titan, foundry = (load_ledger(n, f) for n, f in (("hf-autocast", "llama"), ("torchtitan", "llama"),
+                                                          ("llm-foundry", "mpt")))
+    assert [hf.attention_kernel(k) for k in ("flash", "flash-triton")] == [None, None]
+    assert [titan.attention_kernel(k) for k in ("flash", "flash-triton")] == ["flash", "flash"]
+    assert [foundry.attention_kernel(k) for k in ("flash", "flash-triton")] == ["flash", "flash-triton"]
+    mpt = ModelSpec(name="mpt-7b", num_layers=32, hidden=4096, num_heads=32, vocab=50368, ffn_kind="gelu",
+                    biases=True, tied_embeddings=True, max_positions=2048)
+    one = Candidates.single(Layout(1, 1, 8, 1), 2, True, False)
+
+    def attention_s(machine_name: str, kernel: str) -> float:
+        cost = price_ledger(foundry, load_machine(machine_name), mpt, 2048, one, attention=kernel)
+        return float(cost.class_s("attention", "block_forward")[0])
+
+    assert attention_s("dgx-a100", "flash-triton") / attention_s("dgx-a100", "flash") == pytest.approx(
+        a100.attention_efficiency / 0.30)
+    flash = h100.kernels.attention["flash"] if h100.kernels else None
+    assert flash is not None
+    assert attention_s("dgx-h100", "flash") == pytest.approx(
+        attention_s("dgx-a100", "flash") * a100.peak_flops * a100.attention_efficiency
+        / (h100.peak_flops * flash.efficiency[1]))
+
+
+def test_unfused_attention_is_refused_under_a_ledger_traced_with_a_fused_kernel() -> None:
+    done = subprocess.run([sys.executable, "-m", "axoplan", "rank", "--layers", "4", "--hidden", "1024", "--heads",
+                           "16", "--gpus", "8", "--machine", "dgx-a100", "--framework", "llm-foundry", "--attention",
+                           "unfused"], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "traced with a fused attention kernel" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_compiled_plan_reprices_the_host_syncs_when_the_host_moves() -> None:
+    """The ledger's cost is kept per machine numbers it reads; a host sync reads the host's: a plan compiled on the
+    H100 and priced with a host twice as slow gives the fresh prediction's step and stall."""
+    from axoplan.cost.model import compile_plan, price
+
+    h100 = load_machine("dgx-h100")
+    slow = h100.model_copy(update={"host": h100.host.model_copy(update={"op_us": 2 * h100.host.op_us})})
+    options = RunOptions(global_batch=8, seq_len=2048, micro_batches=(8,), recompute="off", cache_weights="off",
+                         framework="hf-transformers")
+    c = Candidates.single(Layout(1, 1, 1, 1), 8, False, False)
+    plan = compile_plan(MIXTRAL_S, h100, options, c)
+    repriced, fresh = price(plan, slow).columns, predict(MIXTRAL_S, slow, options, c).columns
+    assert float(repriced["t_class_host_sync_s"][0]) == float(fresh["t_class_host_sync_s"][0]) == pytest.approx(
+        48 * (2 * 3.78 + 2 * 7.7) * 1e-6)
+    assert float(repriced["t_step_s"][0]) == float(fresh["t_step_s"][0])

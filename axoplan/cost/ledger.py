@@ -17,8 +17,9 @@ routine, ``shared/design/house-style.md`` §7):
 
 * a memory-bound entry (element-wise, activation, norm, copy/cast, reduction, loss, memset) by its bytes over
   HBM bandwidth times its class's efficiency (``Machine.kernels``, measured per class);
-* an attention entry by its flops (the causal half, the FlashAttention-2 convention) at its backend's
-  measured curve in sequence length;
+* an attention entry by its flops (the causal half, the FlashAttention-2 convention) at its kernel's
+  measured curve in sequence length (SDPA's pick on the device, the kernel the framework's code names, or the
+  run's ``--attention`` where its code takes it from the run's configuration);
 * a GEMM entry is counted (kernels, host ops) but priced by the tile model with the 4D linear it belongs to
   (``axoplan.cost.layers``), where its collectives overlap with it, except a mixture's grouped expert GEMM, which
   no 4D linear holds: the ledger prices it, at the fp32 CUDA-core peak where it runs in fp32;
@@ -105,6 +106,19 @@ class Ledger:
     optimizer_bytes_per_param: dict[str, float]  # read and written, by op class (fused AdamW: 'optimizer')
     optimizer_kernels: int
     moe: tuple[int, int] | None = None  # a mixture's experts and top-k, fixed when it was traced
+    attention: str | None = None  # the kernel its code runs: None SDPA's pick on the device, "run" the run's option
+
+    def attention_kernel(self, option: str) -> str | None:
+        """The attention kernel this ledger's attention op runs for a run whose ``--attention`` is `option`: the one
+        its code names, the run's where its code takes it from the run's configuration (llm-foundry's
+        ``attn_config.attn_impl``), or None for SDPA's pick on the device. Its op list was traced with a fused kernel:
+        ``unfused`` is refused in one line."""
+        if self.attention != "run":
+            return self.attention
+        if option == "unfused":
+            raise AxoplanError(f"op ledger {self.name}-{self.family} was traced with a fused attention kernel: use "
+                               "--attention flash or flash-triton with it, or a framework without a ledger")
+        return option
 
     def ops(self, scope: str) -> tuple[LedgerOp, ...]:
         return self.scopes.get(scope, ())
@@ -162,7 +176,8 @@ def load_ledger(name: str, family: str) -> Ledger:
     return Ledger(name, family, doc["made_by"], doc["versions"], scopes,
                   {k: _terms(v) for k, v in doc["saved"].items()},
                   {str(k): float(v) for k, v in opt["bytes_per_param"].items()}, int(opt["ops"]),
-                  (int(doc["moe"]["experts"]), int(doc["moe"]["top_k"])) if "moe" in doc else None)
+                  (int(doc["moe"]["experts"]), int(doc["moe"]["top_k"])) if "moe" in doc else None,
+                  doc.get("attention"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,21 +245,31 @@ def _evaluate(terms: tuple[Term, ...], sym: dict[str, Floats], split: _Split) ->
     return total
 
 
+CURVE_OF_KERNEL = {"flash-triton": "triton"}
+"""A ``--attention`` kernel's name among a machine's measured curves (``kernels.attention``), where it differs."""
+
+
 def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) -> float:
     """The backend's measured fraction of peak at `seq_len` (log2-interpolated, flat beyond the ends); without a
-    measured curve, the machine's flat ``attention_efficiency``."""
+    measured curve, the machine's flat figure for it (``attention_triton_efficiency`` for ``flash-triton`` where
+    given, else ``attention_efficiency``). `backend`: a ``--attention`` kernel or a curve's name; None: SDPA's pick
+    on the device (``kernels.default_attention``)."""
     kernels = machine.kernels
-    name = backend or (kernels.default_attention if kernels else None)
+    name = CURVE_OF_KERNEL.get(backend, backend) if backend else (kernels.default_attention if kernels else None)
     if kernels is None or name is None or name not in kernels.attention:
+        if backend == "flash-triton" and machine.attention_triton_efficiency is not None:
+            return machine.attention_triton_efficiency
         return machine.attention_efficiency
     curve = kernels.attention[name]
     return float(np.interp(math.log2(seq_len), np.log2(np.array(curve.seq, dtype=np.float64)), curve.efficiency))
 
 
 def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates,
-                 hf_path: bool = True) -> LedgerCost:
+                 hf_path: bool = True, attention: str = "flash") -> LedgerCost:
     """Price every entry of `ledger` for every candidate (see the module docstring). A mixture's ledger fixes its
-    experts and top-k (its op list loops over them): another mixture is refused in one line."""
+    experts and top-k (its op list loops over them): another mixture is refused in one line. `attention`: the run's
+    ``--attention``, which sets the kernel only where the ledger's code takes it from the run
+    (:meth:`Ledger.attention_kernel`)."""
     if model.moe is not None and ledger.moe != (model.moe.num_experts, model.moe.top_k):
         traced = f"{ledger.moe[0]} experts, top-{ledger.moe[1]}" if ledger.moe else "a dense model"
         raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for {traced}, not "
@@ -255,7 +280,7 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
     one = np.ones_like(gx)
     shard = _Split(gx * gy, one if hf_path else gx, one if hf_path else gy)
     bw = machine.device.hbm_bandwidth_gbs * 1e9
-    attn_rate = machine.peak_flops * attention_efficiency(machine, None, seq_len)  # SDPA's pick on the device
+    attn_rate = machine.peak_flops * attention_efficiency(machine, ledger.attention_kernel(attention), seq_len)
     seconds: dict[tuple[str, str], Floats] = {}
     kernels: dict[str, float] = {}
     host: dict[str, float] = {}

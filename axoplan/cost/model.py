@@ -121,7 +121,7 @@ def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Can
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
     ledger = _ledger(profile, model, machine, options)
     ledger_cost = None if ledger is None else price_ledger(ledger, machine, model, options.seq_len, c,
-                                                           hf_path=options.hf_path)
+                                                           hf_path=options.hf_path, attention=options.attention)
     layers = layer_shapes(model, options, c, groups.float_sizes, tokens, profile)
     per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, options.hf_path)
     n_micro = options.global_batch / per_step.astype(np.float64)
@@ -147,7 +147,7 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
         key = _ledger_numbers(machine)
         if key not in plan.ledger_costs:
             plan.ledger_costs[key] = price_ledger(plan.ledger, machine, model, options.seq_len, c,
-                                                  hf_path=options.hf_path)
+                                                  hf_path=options.hf_path, attention=options.attention)
         ledger = plan.ledger_costs[key]
     n_micro, tokens = plan.n_micro, plan.tokens
     layers = price_layers(plan.layers, model, machine, options, c, groups, tokens, dilation, ledger)
@@ -178,12 +178,13 @@ def _ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine, optio
 
 def _ledger_numbers(machine: Machine) -> tuple[object, ...]:
     """Every part of `machine` that ``axoplan.cost.ledger.price_ledger`` reads (the device's bandwidth and peaks, its
-    op classes, the GEMM and attention efficiencies, ``memory_efficiency``): the ledger is priced again only when
+    op classes, the GEMM and attention efficiencies, the host's op and launch times (a host sync's stall),
+    ``memory_efficiency``): the ledger is priced again only when
     one of them moves (``tests/test_compile.py`` moves every uncertain parameter and compares with a fresh
     prediction)."""
-    parts = (machine.device, machine.kernels, machine.gemm)  # their JSON: the op classes hold a mapping
+    parts = (machine.device, machine.kernels, machine.gemm, machine.host)  # their JSON: the op classes hold a mapping
     return (*(p.model_dump_json() if p is not None else "" for p in parts), machine.attention_efficiency,
-            machine.memory_efficiency)
+            machine.attention_triton_efficiency, machine.memory_efficiency)
 
 
 def _core_sharing(machine: Machine, c: Candidates) -> Floats | None:
