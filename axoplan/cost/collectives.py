@@ -49,6 +49,10 @@ class Shares:
     def of(cls, p: Floats) -> Shares:
         return cls(np.asarray(p > 1), (p - 1.0) / p, 2.0 * (p - 1.0) / p, 2.0 * _steps(p))
 
+    def take(self, index: npt.NDArray[np.int64]) -> Shares:
+        """The shares of the groups at `index`."""
+        return Shares(self.active[index], self.ring[index], self.all_reduce[index], self.all_reduce_steps[index])
+
     def rates(self, bw_gbs: Floats, latency_us: Floats, ring_latency_us: Floats) -> Rates:
         """The group's :class:`Rates` with its bandwidth and latencies (per all-reduce step, and a whole ring's)."""
         return Rates(self, bw_gbs * 1e9, self.all_reduce_steps * latency_us * 1e-6, ring_latency_us * 1e-6)

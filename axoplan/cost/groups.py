@@ -72,8 +72,9 @@ class GroupSet:
 
     sizes: dict[str, Ints]
     strides: dict[str, Ints]
-    placed: CompiledGroups
+    placed: CompiledGroups  # the groups of each run of candidates with one layout, the dimensions one after another
     shares: dict[str, Shares]
+    back: Ints  # each candidate's run
     priced: dict[tuple[object, ...], Groups] = field(default_factory=dict)
     """The groups priced, by the machine numbers placement reads (:func:`axoplan.cost.placement.link_numbers`)."""
 
@@ -87,10 +88,10 @@ class GroupSet:
 
     def _price(self, machine: Machine) -> Groups:
         placed = self.placed.price(machine)
-        n = len(next(iter(self.sizes.values())))
+        runs, back = len(self.placed.inverse) // len(self.sizes), self.back
 
         def by_name(values: np.ndarray) -> dict[str, np.ndarray]:
-            return {a: values[i * n:(i + 1) * n] for i, a in enumerate(self.sizes)}
+            return {a: values[i * runs:(i + 1) * runs][back] for i, a in enumerate(self.sizes)}
 
         bw, lat, ring = by_name(placed.bandwidth_gbs), by_name(placed.latency_us), by_name(placed.ring_latency_us)
         rates = {a: s.rates(bw[a], lat[a], ring[a]) for a, s in self.shares.items()}
@@ -104,15 +105,29 @@ class GroupSet:
 
 def compile_group_set(machine: Machine, c: Candidates, options: RunOptions, native_moe: bool = False) -> GroupSet:
     """Every group of `c` (and the native MoE module's, with `native_moe`), placed on `machine`'s topology by one
-    :func:`axoplan.cost.placement.compile_groups` call."""
-    sizes = c.sizes() | {"world": c.world_size}
-    strides = c.strides() | {"world": np.ones_like(c.gx)}
+    :func:`axoplan.cost.placement.compile_groups` call. A layout's groups do not depend on its micro-batch or
+    options, so they are found once per run of candidates with one layout (:func:`_layout_runs`) and spread back."""
+    first, back = _layout_runs(c)
+    lay = c.take(first)
+    sizes = lay.sizes() | {"world": lay.world_size}
+    strides = lay.strides() | {"world": np.ones_like(lay.gx)}
     if native_moe:
-        tp, gz = options.expert_tp, c.gz.astype(np.int64)
+        tp, gz = options.expert_tp, lay.gz.astype(np.int64)
         sizes |= {"experts_tp": np.minimum(gz, tp), "experts_fsdp": np.maximum(gz // tp, 1)}
         strides |= {"experts_tp": strides["z"], "experts_fsdp": strides["z"] * tp}
     names = list(sizes)
     all_strides, all_sizes = (np.concatenate([d[a] for a in names]) for d in (strides, sizes))
-    floats = {a: s.astype(np.float64) for a, s in sizes.items()}
-    return GroupSet(sizes, strides, compile_groups(machine, all_strides, all_sizes),
-                    {a: Shares.of(p) for a, p in floats.items()})
+    shares = {a: Shares.of(s.astype(np.float64)).take(back) for a, s in sizes.items()}
+    return GroupSet({a: s[back] for a, s in sizes.items()}, {a: s[back] for a, s in strides.items()},
+                    compile_groups(machine, all_strides, all_sizes), shares, back)
+
+
+def _layout_runs(c: Candidates) -> tuple[Ints, Ints]:
+    """The first row of each run of consecutive candidates with one layout and order, and each candidate's run
+    (``Candidates.enumerate`` lists a layout's micro-batches and options together: tens of thousands of rows, a
+    few thousand runs)."""
+    assert c.order_id is not None  # Candidates sets it
+    cols = (c.gx, c.gy, c.gz, c.gdata, c.order_id)
+    change = np.ones(len(c), dtype=bool)
+    change[1:] = np.logical_or.reduce([col[1:] != col[:-1] for col in cols])
+    return np.flatnonzero(change), np.cumsum(change) - 1
