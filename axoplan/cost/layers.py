@@ -124,21 +124,22 @@ def layer_shapes(model: ModelSpec, options: RunOptions, c: Candidates, sizes: di
     block = model.block_linears()
     rows = tokens * np.asarray(tokens_gathered(c.gx, c.gy, options.hf_path), dtype=np.float64)
     vocab = vocab_rows(model, c)
+    xy = sizes["x"] * sizes["y"]
     out = []
     for spec in (*block, model.head_linear(0)):
         head = spec.role == "head"
         plan = expert_plan(spec, model, options, c, rows, tokens)
         n = vocab if head else np.float64(plan.spec.n_out)
-        one = plan.spec
-        k_loc, n_loc = one.k_in / sizes[one.in_axis], n / sizes[one.out_axis] + 0.0 * plan.rows
-        block_elems = one.k_in * n * one.experts / (sizes["x"] * sizes["y"])
+        one, zero = plan.spec, 0.0 * plan.rows
+        k_loc, n_loc = one.k_in / sizes[one.in_axis], n / sizes[one.out_axis] + zero
+        block_elems = one.k_in * n * one.experts / xy
         shard = np.ceil(block_elems / sizes["z"]) if plan.shard_elems is None else plan.shard_elems
         out.append(LayerShape(
             spec=one, count=(1 if head else model.num_layers) * plan.calls, rows=plan.rows, k_loc=k_loc, n_loc=n_loc,
             gemm_factor=plan.gemm_factor, bytes_block=block_elems * BYTES_BF16,
             bytes_out=plan.rows * n_loc * BYTES_BF16, bytes_in=plan.rows * k_loc * BYTES_BF16,
             bytes_shard=shard * options.grad_reduce_bytes, own_rows=tokens * spec.token_share,
-            n_full=n + 0.0 * plan.rows, native_moe=plan.native, part="logits" if head else "elementwise",
+            n_full=n + zero, native_moe=plan.native, part="logits" if head else "elementwise",
             share=1.0 if head else 1.0 / len(block), attention=spec.input == "attention",
             router=spec.name == "expert_up", calls=plan.calls))
     return Layers(tuple(out), _GemmShapes.of(c), _nongemm_fwd_bytes(model, options, c, tokens, profile))
