@@ -54,8 +54,9 @@ def _expected_max(n: int) -> float:
 def expected_max_normal(n: npt.ArrayLike) -> Floats:
     """``E[max of n independent standard normals]`` for every entry of `n` (0 for n ≤ 1)."""
     arr = np.asarray(n, dtype=np.int64)
-    values = {int(k): _expected_max(int(k)) for k in np.unique(arr)}
-    return np.vectorize(values.__getitem__, otypes=[np.float64])(arr)
+    keys = np.unique(arr)  # a few distinct sizes among tens of thousands of candidates
+    values = np.array([_expected_max(int(k)) for k in keys], dtype=np.float64)
+    return np.asarray(values[np.searchsorted(keys, arr)], dtype=np.float64)
 
 
 def straggler_factor(speed_variation: float, world: npt.ArrayLike) -> Floats:
