@@ -12,7 +12,7 @@ PyTorch FSDP training step of an MPT model, and becomes one CSV row:
   backward, which is AxoNN's Z axis with ``Gz = G`` and no weight caching;
 * seconds per step = ``GlobalBatchSize (T) / Throughput (T/s)`` (tokens per step over tokens per
   second; this reproduces the table's MFU to 0.03 points);
-* MPT shapes from ``scripts/train/yamls/pretrain/mpt-*.yaml``: GeLU MLP of 4·d, vocabulary 50,368,
+* MPT shapes (family ``mpt``) from ``scripts/train/yamls/pretrain/mpt-*.yaml``: GeLU MLP of 4·d, vocabulary 50,368,
   learned positions up to the run's sequence length, biases, tied embeddings, flash attention;
 * ``Precision``/``MP Mode``: ``PURE`` reduces gradients in bf16, ``DEFAULT`` in fp32 (Composer's
   ``get_mixed_precision``); ``Activation Checkpointing`` is full recompute of each block;
@@ -41,7 +41,7 @@ MACHINES = {"a100_40gb": "dgx-a100", "a100_80gb": "dgx-a100-80gb"}
 REDUCE_DTYPE = {"PURE": "bf16", "DEFAULT": "fp32"}  # Composer get_mixed_precision: reduce_dtype
 FRAMEWORK = {"FULL_SHARD": "pytorch-fsdp"}
 
-COLUMNS = ("model_name", "machine", "devices_per_node", "framework", "layers", "hidden", "heads", "vocab",
+COLUMNS = ("model_name", "family", "machine", "devices_per_node", "framework", "layers", "hidden", "heads", "vocab",
            "max_positions", "tied_embeddings", "biases", "attention", "seq_len", "global_batch", "micro_batch",
            "gx", "gy", "gz", "gdata", "recompute", "cache_weights", "grad_reduce_dtype", "t_step_s", "num_params")
 
@@ -67,7 +67,7 @@ def csv_row(row: dict[str, str]) -> dict[str, str]:
     gpus, seq = int(row["# GPUs"]), int(row["SeqLen (T)"])
     seconds = int(row["GlobalBatchSize (T)"]) / int(row["Throughput (T/s)"])
     return {
-        "model_name": f"mpt-{row['Model']}", "machine": MACHINES[row["GPU"]], "devices_per_node": "8",
+        "model_name": f"mpt-{row['Model']}", "family": "mpt", "machine": MACHINES[row["GPU"]], "devices_per_node": "8",
         "framework": FRAMEWORK[row["Sharding Strategy"]], "layers": str(layers), "hidden": str(hidden),
         "heads": str(heads), "vocab": str(MPT_VOCAB), "max_positions": str(seq), "tied_embeddings": "true",
         "biases": "true", "attention": "flash-triton", "seq_len": str(seq), "global_batch": row["GlobalBatchSize"],

@@ -474,10 +474,10 @@ def test_llm_foundry_mpt_keeps_what_its_code_saves() -> None:
 
 
 def test_llm_foundry_ranks_and_explains_an_mpt_through_the_cli() -> None:
-    """``--framework llm-foundry`` ranks MPT-7B's shape on 8 A100s with Z over all of them among its layouts, and
+    """``--framework pytorch-fsdp`` ranks MPT-7B's shape on 8 A100s with Z over all of them among its layouts, and
     explain shows its ledger with the fused loss."""
     shape = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "50368", "--machine", "dgx-a100-80gb",
-             "--framework", "llm-foundry", "--gpus", "8", "--seq-len", "2048"]
+             "--framework", "pytorch-fsdp", "--gpus", "8", "--seq-len", "2048"]
     rank = subprocess.run([sys.executable, "-m", "axoplan", "rank", *shape, "--global-batch", "64", "--format", "json"],
                           capture_output=True, text=True, check=False)
     assert rank.returncode == 0, rank.stderr
@@ -575,7 +575,7 @@ def test_a_ledger_runs_the_attention_kernel_its_code_runs() -> None:
 
 def test_unfused_attention_is_refused_under_a_ledger_traced_with_a_fused_kernel() -> None:
     done = subprocess.run([sys.executable, "-m", "axoplan", "rank", "--layers", "4", "--hidden", "1024", "--heads",
-                           "16", "--gpus", "8", "--machine", "dgx-a100", "--framework", "llm-foundry", "--attention",
+                           "16", "--gpus", "8", "--machine", "dgx-a100", "--framework", "pytorch-fsdp", "--attention",
                            "unfused"], capture_output=True, text=True, check=False)
     assert done.returncode == 2 and "traced with a fused attention kernel" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

@@ -88,11 +88,18 @@ def test_each_reach_applies_where_its_source_says() -> None:
     assert abs(SIGMA_COUNTED - math.log(1 / (1 - 0.275))) < 0.005  # issue 29's -27.5 % mean miss
     # a counted framework: only its own term (it reads no op class, family op list or attention curve)
     assert _found(GPT2, "dgx-a100", framework="axonn") == {"framework counted, not traced": SIGMA_COUNTED}
-    # a counted framework on a device its steps were measured on (llm-foundry's A100s): its measured error stands
-    assert _found(GPT2, "dgx-a100", framework="pytorch-fsdp") == {}
-    assert _found(GPT2, "dgx-a100-80gb", framework="pytorch-fsdp") == {}
-    assert _found(GPT2, "dgx-h100", framework="pytorch-fsdp") == {"framework counted, not traced": SIGMA_COUNTED}
+    # a counted framework on a device its steps were measured on (vTrain's A100 40 GB): its measured error stands
     assert _found(GPT2, "dgx-a100", framework="megatron-deepspeed") == {}
+    assert _found(GPT2, "dgx-h100", framework="megatron-deepspeed") == {"framework counted, not traced": SIGMA_COUNTED}
+    # a traced framework on a device its steps were measured on (llm-foundry's A100s): the device's derived op
+    # classes do not widen it, a model family its trace does not cover still does; an MPT on the H100 nothing
+    mpt = GPT2.model_copy(update={"family": "mpt"})
+    assert _found(mpt, "dgx-a100", framework="pytorch-fsdp") == {}
+    assert _found(mpt, "dgx-a100-80gb", framework="pytorch-fsdp") == {}
+    assert _found(GPT2, "dgx-a100", framework="pytorch-fsdp") == {
+        "model family gpt2 not traced, priced with mpt's op list": SIGMA_FAMILY}
+    assert _found(mpt, "dgx-h100", framework="pytorch-fsdp") == {}
+    assert _found(mpt, "dgx-b200", framework="pytorch-fsdp") == {"device's op classes never measured": SIGMA_UNMEASURED}
     assert _found(GPT2, "dgx-h100", framework="megatron-lm", seq_len=256) == {
         "framework counted, not traced": SIGMA_COUNTED}
     # the H200's copy/cast, loss and optimizer are the H100's

@@ -124,7 +124,7 @@ RUN_FLAGS: tuple[Flag, ...] = (
          "[default: axonn; hf-transformers for a Hugging Face config.json whose family has a traced op ledger] "
          "Training code whose host work, memory and collectives are modelled (frameworks/<name>.yaml): axonn, "
          "hf-transformers (Trainer(bf16=True): fp32 weights, bf16 autocast), hf-transformers-bf16, "
-         "pytorch-fsdp, llm-foundry (its MPT under Composer FSDP, traced), torchtitan (Llama 3 under FSDP2, traced), "
+         "pytorch-fsdp (llm-foundry's MPT under Composer FSDP, traced), torchtitan (Llama 3 under FSDP2, traced), "
          "megatron-lm, megatron-deepspeed or axoplan-executor."),
     Flag("axonn_path", ("--axonn-path",), AxonnPath, AxonnPath.megatron,
          "How AxoNN is run: megatron (Megatron-AxoNN's expert-mode linears) or hf (Hugging Face / Lightning: "

@@ -129,7 +129,7 @@ def ledger_family(model: ModelSpec) -> str:
     known, else GPT-2's blocks for a GeLU MLP with biases and Llama's for a SwiGLU one."""
     if model.moe is not None:
         return "mixtral"
-    if model.family in ("gpt2", "llama", "gpt-neox"):  # a config's Mistral, Qwen2 and Qwen3 blocks read as llama
+    if model.family in ("gpt2", "llama", "gpt-neox", "mpt"):  # a config's Mistral, Qwen2 and Qwen3 read as llama
         return str(model.family)
     return "llama" if model.ffn_kind == "swiglu" else "gpt2"
 

@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.ledger import LedgerCost
-from axoplan.inputs.framework import FrameworkProfile, StateBytes
+from axoplan.inputs.framework import FrameworkProfile, StateBytes, load_framework
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec, padded_vocab
 from axoplan.inputs.options import RunOptions
@@ -116,16 +116,23 @@ def mlp_width(model: ModelSpec) -> int:
 
 def sharded_params(model: ModelSpec, c: Candidates, options: RunOptions | None = None) -> Floats:
     """Parameters one GPU holds of the 4D-sharded weights (blocks, LM head, embeddings; on the hf path the
-    token table as :func:`hf_embedding_params` has it)."""
+    token table as :func:`hf_embedding_params` has it, and the LM head apart from it unless the framework keeps a
+    tied head tied: AxoNN's ``auto_parallelize`` gives the head a Linear of its own, FSDP does not)."""
     gxy, gz = (c.gx * c.gy).astype(np.float64), c.gz.astype(np.float64)
     blocks = sum(np.ceil(lin.num_params / gxy / gz) for lin in model.block_linears())
     vocab = vocab_rows(model, c)
     heads = 1 if model.tied_embeddings else 2
     embed = np.ceil(heads * vocab * model.hidden / gxy / gz)
     if options is not None and options.hf_path:
-        embed = np.ceil(vocab * model.hidden / gxy / gz) + hf_embedding_params(model, c)
+        head = 0.0 if model.tied_embeddings and _keeps_tied_head(options) else np.ceil(vocab * model.hidden / gxy / gz)
+        embed = head + hf_embedding_params(model, c)
     positions = np.ceil(model.max_positions * model.hidden / gxy / gz)
     return model.num_layers * blocks + embed + positions
+
+
+def _keeps_tied_head(options: RunOptions) -> bool:
+    """Whether the framework keeps a tied LM head as the token table's weight (``memory.tied_head_kept``)."""
+    return load_framework(options.framework).memory.tied_head_kept
 
 
 def hf_embedding_sharded(model: ModelSpec, c: Candidates) -> npt.NDArray[np.bool_]:
@@ -253,10 +260,13 @@ def _ledger_activation_bytes(model: ModelSpec, c: Candidates, profile: Framework
                              tokens: Floats) -> Floats:
     """What autograd keeps, from the ledger's saved tensors (traced with saved-tensor hooks, each storage once):
     every block's, and the rest of the forward's (embeddings, final norm, the LM head's weight copy, the loss's
-    fp32 log-probabilities). Under full recompute a block keeps only its input (the residual stream, in the
-    weights' dtype: fp32 under autocast) and one block's working set is alive at a time."""
+    fp32 log-probabilities). Under full recompute a block keeps only its input (the residual stream, in the dtype
+    the forward runs the embedding in: ``memory.residual_bytes``, else the weights': fp32 under autocast) and one
+    block's working set is alive at a time."""
     block, rest = ledger.saved_bytes.get("block_forward", 0.0 * tokens), ledger.saved_bytes.get("rest_forward", 0.0)
-    checkpoint = tokens * model.hidden * min(profile.memory.weights.bytes_per_param, 4.0)
+    rules = profile.memory
+    residual = rules.residual_bytes if rules.residual_bytes is not None else min(rules.weights.bytes_per_param, 4.0)
+    checkpoint = tokens * model.hidden * residual
     full = model.num_layers * block + rest
     recomputed = model.num_layers * checkpoint + block + rest
     return np.where(c.recompute, recomputed, full)

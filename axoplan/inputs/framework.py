@@ -98,6 +98,14 @@ class MemoryRules(Frozen):
         5, description="Collective communicators a rank keeps (each holds buffers, device.reserve).")
     embedding_gathered: bool = Field(
         False, description="true: the embeddings stay Z-gathered from forward to backward (FSDP's root unit).")
+    tied_head_kept: bool = Field(
+        False, description="true: a tied LM head stays the token table's weight, one copy (FSDP wraps the model as it "
+        "is); false: on the hf path AxoNN's auto_parallelize gives the head a Linear of its own, untying it "
+        "(axonn/intra_layer/automatic_parallelism.py).")
+    residual_bytes: PositiveInt | None = Field(
+        None, description="Bytes per element of the residual stream between blocks, what a checkpointed block keeps: "
+        "the dtype the embedding's output is in (fp32 under autocast with fp32 weights; bf16 where FSDP's "
+        "param_dtype casts the weights before the forward). None: the weights' bytes, at most 4.")
     gradients_freed: bool = Field(
         False, description="true: the gradients are freed after each optimizer step (zero_grad(set_to_none=True)) "
         "and made again in the backward, so with one micro-step per step they are never alive with the forward's "

@@ -53,7 +53,7 @@ __all__ = ["ModelSpec", "MoESpec", "Family", "LinearLayer", "BLOCK_LAYERS", "MOE
 Role = Literal["attention", "mlp", "head"]
 IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
 Feeds = Literal["norm", "attention", "activation"]
-Family = Literal["llama", "gpt2", "gpt-neox", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "deepseek"]
+Family = Literal["llama", "gpt2", "gpt-neox", "mpt", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "deepseek"]
 """The architecture a model was read as (its Hugging Face ``model_type``, ``axoplan.inputs.hf_config``):
 Llama/Mistral/Qwen2/Qwen3 blocks are "llama" (pre-norm RMSNorm, rotary, SwiGLU)."""
 

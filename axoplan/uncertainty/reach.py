@@ -14,7 +14,8 @@ written before any coverage with them was computed):
   both A100s by llm-foundry's): :data:`SIGMA_COUNTED` = 0.32, ``ln(1/(1 − 0.275))``: the counted model predicted
   all 16 held-out eager Hugging Face steps on the H100/H200 too fast, 27.5 % on average (issue 29). A counted
   profile reads none of the ledger's inputs, so the three terms below do not apply to it;
-* **device's op classes never measured** (a ledger framework on a machine without ``kernels:``):
+* **device's op classes never measured** (a ledger framework on a machine without ``kernels:``, unless the
+  framework's steps were measured on the device, ``measured_on``, as for the counted ones):
   :data:`SIGMA_UNMEASURED` = 0.216, the spread (log standard deviation, n − 1) of the six op-class shares of HBM
   bandwidth measured on the H100 around any one number;
 * **device's op classes derived from another device** (``kernels.derived``, as the H200's copy/cast, loss and
@@ -95,7 +96,9 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
         return (flat("framework counted, not traced", SIGMA_COUNTED),)
     found = []
     kernels = machine.kernels
-    if kernels is None:
+    if machine.device.name in profile.measured_on:
+        pass  # its steps on this device were measured: the device's op classes were held against whole steps
+    elif kernels is None:
         found.append(flat("device's op classes never measured", SIGMA_UNMEASURED))
     elif kernels.derived:
         found.append(flat(f"device's {', '.join(kernels.derived)} taken from another device", SIGMA_DERIVED))

@@ -67,13 +67,14 @@ CSV_OPTIONAL: dict[str, str] = {
     "max_positions": "0", "tied_embeddings": "true", "biases": "true", "cache_weights": "false",
     "oar": "true", "ors": "true", "oag": "true", "overlap_forward_all_reduce": "false",
     "grad_reduce_dtype": "fp32", "devices_per_node": "", "t_step_std_s": "0", "framework": "axonn",
-    "attention": "flash", "tp_order": "xyz", "num_params": "",
+    "attention": "flash", "tp_order": "xyz", "num_params": "", "family": "",
 }
 """Optional columns and their defaults ('' = derived: GQA off, 4·H FFN, the machine's node size; no
 parameter-count check). ``framework`` names the training code that ran (``frameworks/<name>.yaml``:
 its host work, memory and collectives), ``attention`` its attention kernel (``flash`` or ``unfused``),
 ``tp_order`` the tensor-parallel rank order innermost first, ``num_params`` the parameter count the
-source reports (a row whose model shape gives another count is refused). Columns named
+source reports (a row whose model shape gives another count is refused), ``family`` the architecture the model is
+(``mpt``, ``llama``, ...: which traced op list a ledger framework prices it with). Columns named
 ``phase_<name>_s`` carry measured seconds per iteration by phase."""
 
 VTRAIN_COLUMNS: tuple[str, ...] = (
@@ -189,7 +190,7 @@ def _axoplan_row(row: dict[str, str], where: str, node_sizes: dict[str, int]) ->
                    num_kv_heads=get.int("kv_heads", None), ffn_hidden=get.int("ffn_hidden", None),
                    ffn_kind=get.text("ffn_kind"), vocab=get.int("vocab"), max_positions=get.int("max_positions"),
                    tied_embeddings=get.bool("tied_embeddings"), biases=get.bool("biases"),
-                   name=get.text("model_name") or "custom")
+                   name=get.text("model_name") or "custom", family=get.text("family") or None)
     mb, recompute, cache = get.int("micro_batch"), get.bool("recompute"), get.bool("cache_weights")
     options = _options(where, global_batch=get.int("global_batch"), seq_len=get.int("seq_len"), micro_batches=(mb,),
                        recompute="on" if recompute else "off", cache_weights="on" if cache else "off",
