@@ -369,8 +369,9 @@ def trace_step(family: str, dims: dict[str, int], precision: str) -> tuple[dict[
     block.register_forward_hook(setter("rest_forward"))
     block.register_full_backward_pre_hook(setter("block_backward"))
     block.register_full_backward_hook(setter("rest_backward"))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}  # kept anyway: the weights' memory
     with cuda_autocast_on_cpu(), rec, balanced_routing(model):
-        with torch.autocast("cpu", dtype=torch.bfloat16), saved_bytes(rec, saved):
+        with torch.autocast("cpu", dtype=torch.bfloat16), saved_bytes(rec, saved, params):
             loss = model(input_ids=ids, labels=ids).loss
         rec.scope = "rest_backward"
         loss.backward()

@@ -21,9 +21,9 @@ from axoplan.space.layout import Layout
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured" / "cpu-peak-memory" / "peaks.jsonl"
 FRAMEWORK = {"autocast": "hf-transformers", "bf16": "hf-transformers-bf16"}
 
-# the largest relative miss per precision when this test was written (bf16: the ledger's saved tensors
-# count the bf16 weights autograd keeps, which are the parameters themselves; docs/decisions.md)
-BOUND = {"autocast": 0.06, "bf16": 0.21}
+# the largest relative miss per precision when this test was written, rounded up (bf16 was 0.21 until the tracer
+# stopped counting the parameters autograd keeps as saved tensors; docs/decisions.md)
+BOUND = {"autocast": 0.06, "bf16": 0.08}
 
 
 def _cases() -> list[dict]:

@@ -69,8 +69,10 @@ MEMORY_MODEL_SIGMA = 0.10
 """Relative one-sigma error of the live-memory model. Set at 10 % (the time model's default, docs/uncertainty.md)
 before any peak was measured [decision]; since checked against the peaks of eight Hugging Face training steps
 measured on CPU (data/measured/cpu-peak-memory/, benchmarks/measure_peak_memory.py): the root-mean-square of
-log(predicted/measured) there is 0.098, so 10 % is kept, now with that measurement as its source
-(tests/test_peak_memory.py keeps the spread within it). No counted framework's peak has been measured."""
+log(predicted/measured) there is 0.044 (0.098 before the tracer stopped counting the parameters autograd keeps).
+10 % is kept: the CPU sees the tensors only, not what a GPU's allocator and runtime add around them (the reserve,
+itself uncertain), and no counted framework's peak has been measured (tests/test_peak_memory.py keeps the
+measured spread within it) [decision, docs/decisions.md]."""
 
 VERDICTS = ("fits", "tight", "does not fit")
 
