@@ -288,6 +288,8 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
         ["host-bound idle (the host issues ops slower than the device runs them)", f"{rec['t_host_idle_s']:.4f}"],
     ], [False, True])]
     lines += _ledger_section(rec)
+    if wide:
+        lines += _ledger_ops(r, i)
     lines += ["", "Collectives per step (bytes per call; hidden = overlapped with compute)",
               _collectives_table(r, i, wide)]
     lines += ["", _memory_section(r, i, wide)]
@@ -310,6 +312,27 @@ def _ledger_section(rec: dict[str, Any]) -> list[str]:
         rows.append(["host syncs (the device drained, waiting for the host)", f"{stall:.4f}", ""])
     return ["", "Op ledger by class, device seconds per step", text_table(["class", "seconds", "%"], rows,
                                                                           [False, True, True])]
+
+
+def _ledger_ops(r: Ranking, i: int) -> list[str]:
+    """``explain --wide``: every op of the ledger as candidate i runs it, per run of its scope (a block's ops run
+    once per layer and micro-batch), to hold against a profiler trace op by op; nothing without a ledger."""
+    from axoplan.cost.ledger import op_rows
+    from axoplan.cost.model import framework_ledger
+    from axoplan.inputs.framework import load_framework
+
+    ledger = framework_ledger(load_framework(r.options.framework), r.model, r.machine, r.options)
+    if ledger is None:
+        return []
+    rows = [[o.scope, o.op, o.op_class, str(o.count), f"{o.bytes_per_call / 1e6:.3f}",
+             f"{o.flops_per_call / 1e9:.3f}" if o.flops_per_call else "",
+             "tile model" if o.seconds is None else f"{o.seconds * 1e6:.1f}"]
+            for o in op_rows(ledger, r.machine, r.model, r.options.seq_len, r.candidates, i, r.options.hf_path,
+                             r.options.attention)]
+    title = (f"Op ledger {ledger.name}-{ledger.family}, op by op (per run of its scope; a block's run once per layer "
+             "and micro-batch; GEMMs of the 4D linears priced by the tile model above)")
+    return ["", title, text_table(["scope", "op", "class", "calls", "MB/call", "GFLOP/call", "us"], rows,
+                                  [False, False, False, True, True, True, True])]
 
 
 def _memory_section(r: Ranking, i: int, wide: bool = False) -> str:

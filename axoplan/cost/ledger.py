@@ -52,7 +52,7 @@ from axoplan.space.candidates import Candidates
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
            "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family", "per_step_s",
-           "traced_for", "sync_stall_s", "NOT_KERNELS"]
+           "traced_for", "sync_stall_s", "NOT_KERNELS", "OpRow", "op_rows"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -275,12 +275,7 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
         raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for {traced}, not "
                            f"{model.moe.num_experts} experts, top-{model.moe.top_k}: trace one "
                            f"(benchmarks/derive_ledger.py) or use --framework axonn")
-    sym = symbols(model, seq_len, c)
-    gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
-    one = np.ones_like(gx)
-    shard = _Split(gx * gy, one if hf_path else gx, one if hf_path else gy)
-    bw = machine.device.hbm_bandwidth_gbs * 1e9
-    attn_rate = machine.peak_flops * attention_efficiency(machine, ledger.attention_kernel(attention), seq_len)
+    pricer = _Pricer.of(ledger, machine, model, seq_len, c, hf_path, attention)
     seconds: dict[tuple[str, str], Floats] = {}
     kernels: dict[str, float] = {}
     host: dict[str, float] = {}
@@ -291,22 +286,83 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             if op.op_class == "view":
                 continue
             kernels[scope] += 0 if op.op_class in NOT_KERNELS else op.count
-            if op.op_class == "gemm" and not op.grouped:
+            t = pricer.seconds(op)
+            if t is None:
                 continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
-            if op.op_class == "host_sync":
-                t = op.count * sync_stall_s(machine) + 0.0 * shard.params
-            elif op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
-                t = op.count * _evaluate(op.flops, sym, shard) / _gemm_rate(machine, op.dtype)
-            elif op.op_class == "attention":
-                t = op.count * 0.5 * _evaluate(op.flops, sym, shard) / attn_rate  # the causal half
-            else:
-                eff = _efficiency(machine, op.op_class)
-                nbytes = _evaluate(op.read, sym, shard) + _evaluate(op.write, sym, shard)
-                t = op.count * nbytes / (bw * eff)
             key = (scope, op.op_class)
             seconds[key] = seconds.get(key, 0.0) + t
-    saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
+    saved = {scope: _evaluate(terms, pricer.sym, pricer.shard) for scope, terms in ledger.saved.items()}
     return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pricer:
+    """The one routine that prices a ledger entry (the module docstring's rules), for every candidate at once."""
+
+    machine: Machine
+    sym: dict[str, Floats]
+    shard: _Split
+    attn_rate: float
+
+    @classmethod
+    def of(cls, ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates, hf_path: bool,
+           attention: str) -> _Pricer:
+        gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+        one = np.ones_like(gx)
+        shard = _Split(gx * gy, one if hf_path else gx, one if hf_path else gy)
+        rate = machine.peak_flops * attention_efficiency(machine, ledger.attention_kernel(attention), seq_len)
+        return cls(machine, symbols(model, seq_len, c), shard, rate)
+
+    def nbytes(self, op: LedgerOp) -> Floats:
+        """Bytes one call reads and writes, per candidate."""
+        return _evaluate(op.read, self.sym, self.shard) + _evaluate(op.write, self.sym, self.shard)
+
+    def flops(self, op: LedgerOp) -> Floats:
+        """Flops one call computes (attention: all of them; the causal half is what :meth:`seconds` prices)."""
+        return _evaluate(op.flops, self.sym, self.shard)
+
+    def seconds(self, op: LedgerOp) -> Floats | None:
+        """Device seconds of the op's ``count`` calls per scope run; None for a view and for a 4D linear's GEMM (the
+        tile model prices that one, with its collectives)."""
+        if op.op_class == "view" or (op.op_class == "gemm" and not op.grouped):
+            return None
+        if op.op_class == "host_sync":
+            return op.count * sync_stall_s(self.machine) + 0.0 * self.shard.params
+        if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
+            return op.count * self.flops(op) / _gemm_rate(self.machine, op.dtype)
+        if op.op_class == "attention":
+            return op.count * 0.5 * self.flops(op) / self.attn_rate  # the causal half
+        bw = self.machine.device.hbm_bandwidth_gbs * 1e9
+        return op.count * self.nbytes(op) / (bw * _efficiency(self.machine, op.op_class))
+
+
+@dataclass(frozen=True, slots=True)
+class OpRow:
+    """One ledger entry as one candidate runs it: ``seconds`` per run of its scope (None where the tile model prices
+    it: a 4D linear's GEMM; 0 for a view)."""
+
+    scope: str
+    op: str
+    op_class: str
+    count: int
+    bytes_per_call: float
+    flops_per_call: float
+    seconds: float | None
+
+
+def op_rows(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates, i: int,
+            hf_path: bool = True, attention: str = "flash") -> list[OpRow]:
+    """Every entry of `ledger` for candidate `i`, priced by the same routine as :func:`price_ledger` (``explain
+    --wide`` lists them, to hold against a profiler trace op by op)."""
+    pricer = _Pricer.of(ledger, machine, model, seq_len, c.take(np.array([i])), hf_path, attention)
+    rows = []
+    for scope in SCOPES:
+        for op in ledger.ops(scope):
+            t = pricer.seconds(op)
+            seconds = 0.0 if op.op_class == "view" else (None if t is None else float(t[0]))
+            rows.append(OpRow(scope, op.op, op.op_class, op.count, float(pricer.nbytes(op)[0]),
+                              float(pricer.flops(op)[0]) if op.flops else 0.0, seconds))
+    return rows
 
 
 def sync_stall_s(machine: Machine) -> float:

@@ -68,7 +68,7 @@ from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import sequences_per_micro_step
 
-__all__ = ["CollectiveTerm", "CompiledPlan", "Prediction", "compile_plan", "predict", "price"]
+__all__ = ["CollectiveTerm", "CompiledPlan", "Prediction", "compile_plan", "predict", "price", "framework_ledger"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -119,7 +119,7 @@ def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Can
     native = model.moe is not None and options.moe_module == "native"
     groups = compile_group_set(machine, c, options, native_moe=native)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
-    ledger = _ledger(profile, model, machine, options)
+    ledger = framework_ledger(profile, model, machine, options)
     ledger_cost = None if ledger is None else price_ledger(ledger, machine, model, options.seq_len, c,
                                                            hf_path=options.hf_path, attention=options.attention)
     layers = layer_shapes(model, options, c, groups.float_sizes, tokens, profile)
@@ -162,7 +162,8 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     return Prediction(c, columns | plan.memory_columns, tuple(terms), plan.memory)
 
 
-def _ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine, options: RunOptions) -> Ledger | None:
+def framework_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine,
+                     options: RunOptions) -> Ledger | None:
     """The framework's op ledger for `model` on the device, or None for a profile without one. Its attention runs
     on the backend SDPA picks on the device (``Machine.kernels.default_attention``)."""
     name = profile.ledger_for(machine.device.kind)
