@@ -49,6 +49,7 @@ from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.schema import shipped_folder
 from axoplan.space.candidates import Candidates
+from axoplan.space.layout import activation_split
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
            "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family", "per_step_s",
@@ -308,8 +309,8 @@ class _Pricer:
     def of(cls, ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates, hf_path: bool,
            attention: str) -> _Pricer:
         gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
-        one = np.ones_like(gx)
-        shard = _Split(gx * gy, one if hf_path else gx, one if hf_path else gy)
+        split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, hf_path))
+        shard = _Split(gx * gy, split_x, split_y)  # the hf path's view: activations whole
         rate = machine.peak_flops * attention_efficiency(machine, ledger.attention_kernel(attention), seq_len)
         return cls(machine, symbols(model, seq_len, c), shard, rate)
 

@@ -236,25 +236,18 @@ def activation_bytes_per_token(model: ModelSpec, options: RunOptions, profile: F
 
 def _activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile,
                       tokens: Floats) -> Floats:
-    gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+    """Every block's tensors split as the path splits a block's activations (``activation_split``: over X and Y on
+    Megatron-AxoNN's path, whole on the Hugging Face path), plus on the hf path each linear's gathered input kept
+    for its dW (``k·G_out`` elements per own token and routed copy, G_out its out-axis group); under full recompute
+    each block's input and one block's working set."""
+    split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, options.hf_path))
+    per_token = activation_bytes_per_token(model, options, profile, split_x, split_y)
     if options.hf_path:
-        return _hf_activation_bytes(model, options, c, profile, tokens)
-    per_layer = tokens * activation_bytes_per_token(model, options, profile, gx, gy)
-    checkpoint = tokens * model.hidden / gx * BYTES_BF16
-    full = model.num_layers * per_layer
-    recomputed = model.num_layers * checkpoint + per_layer
-    return np.where(c.recompute, recomputed, full)
-
-
-def _hf_activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile,
-                         tokens: Floats) -> Floats:
-    """The hf path: the block's own tensors at full width on the GPU's own tokens, plus each linear's gathered
-    input kept for its dW (``k·G_out`` elements per own token and routed copy, G_out its out-axis group)."""
-    ones = np.ones_like(tokens)
-    sizes = {"x": c.gx.astype(np.float64), "y": c.gy.astype(np.float64)}
-    kept = sum(lin.k_in * sizes[lin.out_axis] * lin.token_share * lin.experts for lin in model.block_linears())
-    per_layer = tokens * (activation_bytes_per_token(model, options, profile, ones, ones) + kept * BYTES_BF16)
-    checkpoint = tokens * model.hidden * BYTES_BF16
+        sizes = {"x": c.gx.astype(np.float64), "y": c.gy.astype(np.float64)}
+        kept = sum(lin.k_in * sizes[lin.out_axis] * lin.token_share * lin.experts for lin in model.block_linears())
+        per_token = per_token + kept * BYTES_BF16
+    per_layer = tokens * per_token
+    checkpoint = tokens * model.hidden / split_x * BYTES_BF16
     return np.where(c.recompute, model.num_layers * checkpoint + per_layer, model.num_layers * per_layer)
 
 
