@@ -25,6 +25,7 @@ from pydantic import Field, NonNegativeFloat, PositiveInt
 from axoplan.errors import AxoplanError
 from axoplan.inputs.plausible import TRAINING_TOKENS, PlausibilityWarning
 from axoplan.inputs.schema import Frozen
+from axoplan.space.layout import nodes_needed
 
 __all__ = ["parse_tokens", "RunCost", "TrainingCost", "run_cost", "steps_for", "format_tokens", "check_max_nodes",
            "within_node_hours", "budget_checks", "cost_line", "describe_cost", "rows_within_node_hours"]
@@ -109,13 +110,13 @@ def run_cost(tokens: int, global_batch: int, seq_len: int, step_time_s: float, g
              devices_per_node: int) -> RunCost:
     """Days, node-hours and GPU-hours of `tokens` tokens at `step_time_s` seconds per step."""
     steps = steps_for(tokens, global_batch, seq_len)
-    nodes = math.ceil(gpus / devices_per_node)
+    nodes = nodes_needed(gpus, devices_per_node)
     return RunCost(tokens=tokens, steps=steps, nodes=nodes, gpus=gpus, seconds=steps * step_time_s)
 
 
 def check_max_nodes(gpus: int, devices_per_node: int, max_nodes: int) -> None:
     """Refuse a GPU count needing more than `max_nodes` nodes, naming the largest that fits."""
-    nodes = math.ceil(gpus / devices_per_node)
+    nodes = nodes_needed(gpus, devices_per_node)
     if nodes > max_nodes:
         raise AxoplanError(f"--gpus {gpus} needs {nodes} nodes but --max-nodes is {max_nodes}; "
                            f"the largest GPU count that fits is --gpus {max_nodes * devices_per_node}")

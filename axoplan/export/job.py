@@ -9,16 +9,17 @@ may exceed 24, which Slurm accepts). ``export --time`` replaces it, in any of Sl
 
 from __future__ import annotations
 
-import math
 import re
 
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from axoplan.errors import AxoplanError
 from axoplan.inputs.launcher import SCHEDULER_NAMES, SITE_VALUES, LauncherSpec, placeholder_text
+from axoplan.inputs.queues import walltime_s
 from axoplan.inputs.schedulers import format_hms
 from axoplan.inputs.schema import Frozen
 from axoplan.inputs.shell import directive_word_problem, has_control, scan_shell, unsafe_text
+from axoplan.space.layout import nodes_needed
 
 __all__ = ["SiteSettings", "JobSettings", "node_counts", "walltime_s", "format_hms", "parse_walltime",
            "site_values", "check_site", "ENV_PREFIX", "command_problem"]
@@ -170,22 +171,11 @@ def node_counts(world_size: int, devices_per_node: int, allow_partial: bool, mac
     if not allow_partial:
         raise AxoplanError(f"{world_size} GPUs is not a whole number of {machine} nodes ({devices_per_node} per "
                            f"node); use a multiple of {devices_per_node}, or pass --allow-partial-nodes")
-    nodes += 1
+    nodes = nodes_needed(world_size, devices_per_node)
     if world_size % nodes:
         raise AxoplanError(f"{world_size} GPUs cannot be spread evenly over {nodes} {machine} nodes; use a "
                            f"multiple of {devices_per_node} GPUs")
     return nodes, world_size // nodes
-
-
-def walltime_s(t_step_s: float, iterations: int, margin_minutes: float) -> int:
-    """Predicted run time plus margin, rounded up to whole minutes, at least one minute."""
-    if not math.isfinite(t_step_s) or t_step_s < 0:
-        raise AxoplanError(f"predicted step time {t_step_s} s is not a usable number; cannot set a wall time")
-    seconds = t_step_s * iterations + margin_minutes * 60
-    minutes = math.ceil(seconds / 60)
-    if minutes * 60 < seconds:  # seconds / 60 rounded down to a whole number
-        minutes += 1
-    return max(60, minutes * 60)
 
 
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")

@@ -21,7 +21,7 @@ from axoplan.errors import AxoplanError
 from axoplan.inputs.schema import Frozen
 from axoplan.inputs.shell import directive_word_problem
 
-__all__ = ["QueueLimit", "QueueChoice", "choose_queue"]
+__all__ = ["QueueLimit", "QueueChoice", "choose_queue", "walltime_s"]
 
 
 class QueueLimit(Frozen):
@@ -65,9 +65,16 @@ class QueueChoice(Frozen):
     walltime_s: PositiveInt
 
 
-def _wall_s(t_step_s: float, iterations: int, margin_minutes: float) -> int:
+def walltime_s(t_step_s: float, iterations: int, margin_minutes: float) -> int:
+    """Predicted run time plus margin, rounded up to whole minutes, at least one minute (the one wall-time rule:
+    queue choice, chained jobs and every script's time limit)."""
+    if not math.isfinite(t_step_s) or t_step_s < 0:
+        raise AxoplanError(f"predicted step time {t_step_s} s is not a usable number; cannot set a wall time")
     seconds = t_step_s * iterations + margin_minutes * 60
-    return max(60, math.ceil(seconds / 60) * 60)
+    minutes = math.ceil(seconds / 60)
+    if minutes * 60 < seconds:  # seconds / 60 rounded down to a whole number
+        minutes += 1
+    return max(60, minutes * 60)
 
 
 def choose_queue(queues: tuple[QueueLimit, ...], nodes: int, t_step_s: float, iterations: int,
@@ -77,14 +84,14 @@ def choose_queue(queues: tuple[QueueLimit, ...], nodes: int, t_step_s: float, it
     fitting = [q for q in queues if q.holds(nodes)]
     if not fitting:
         return None
-    whole = _wall_s(t_step_s, iterations, margin_minutes)
+    whole = walltime_s(t_step_s, iterations, margin_minutes)
     for q in fitting:
         if whole <= q.max_walltime_minutes * 60:
             return QueueChoice(queue=q, jobs=1, iterations_per_job=iterations, walltime_s=whole)
     longest = max(fitting, key=lambda q: q.max_walltime_minutes)
     limit_s = longest.max_walltime_minutes * 60
     per_job = math.floor((limit_s - margin_minutes * 60) / t_step_s) if t_step_s > 0 else iterations
-    while per_job > 0 and _wall_s(t_step_s, per_job, margin_minutes) > limit_s:
+    while per_job > 0 and walltime_s(t_step_s, per_job, margin_minutes) > limit_s:
         per_job -= 1  # the whole-minute rounding of the wall time
     if per_job < 1:
         raise AxoplanError(f"one iteration ({t_step_s:.0f} s) plus the {margin_minutes:g} min margin does not fit "
@@ -93,4 +100,4 @@ def choose_queue(queues: tuple[QueueLimit, ...], nodes: int, t_step_s: float, it
     per_job = min(per_job, iterations)
     jobs = math.ceil(iterations / per_job)
     return QueueChoice(queue=longest, jobs=jobs, iterations_per_job=per_job,
-                       walltime_s=_wall_s(t_step_s, per_job, margin_minutes))
+                       walltime_s=walltime_s(t_step_s, per_job, margin_minutes))

@@ -24,7 +24,7 @@ from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.inputs.schema import Frozen, describe_validation_error
 from axoplan.records.numbers import is_whole, json_numbers
-from axoplan.space.layout import Layout, sequences_per_micro_step
+from axoplan.space.layout import Layout, nodes_needed, sequences_per_micro_step
 
 __all__ = ["SCHEMA_VERSION", "LayoutSpec", "PredictedStep", "LaunchConfig", "plan_id", "plan_from_ranking"]
 
@@ -118,7 +118,7 @@ class LaunchConfig(Frozen):
         if options.global_batch % per_micro:
             what = "GPUs*micro-batch" if options.hf_path else "Gdata*Gz*micro-batch"
             raise AxoplanError(f"global batch {options.global_batch} is not divisible by {what} = {per_micro}")
-        nodes = -(-layout.world_size // devices_per_node)
+        nodes = nodes_needed(layout.world_size, devices_per_node)
         spec = LayoutSpec.of(layout)
         ident = plan_id(machine, model, options, layout, micro_batch, recompute, cache_weights)
         return cls(plan_id=ident, machine=machine, devices_per_node=devices_per_node, model=model, options=options,
@@ -164,7 +164,7 @@ def _contradiction(plan: LaunchConfig) -> str | None:
     lay, opts = plan.layout, plan.options
     if lay.world_size != plan.world_size:
         return f"field 'world_size' is {plan.world_size}, but layout {lay.to_layout()} has {lay.world_size} GPUs"
-    nodes = -(-plan.world_size // plan.devices_per_node)
+    nodes = nodes_needed(plan.world_size, plan.devices_per_node)
     if plan.nodes != nodes:
         return (f"field 'nodes' is {plan.nodes}, but {plan.world_size} GPUs at {plan.devices_per_node} per node "
                 f"need {nodes}")

@@ -128,6 +128,11 @@ def sequences_per_micro_step(gx: IntLike, gy: IntLike, gz: IntLike, gdata: IntLi
     return gdata * gz * micro_batch * tokens_gathered(gx, gy, hf_path)
 
 
+def nodes_needed(gpus: int, devices_per_node: int) -> int:
+    """The nodes `gpus` GPUs occupy, a partial node counted whole (the one node count: plans, budgets, exports)."""
+    return -(-gpus // devices_per_node)
+
+
 def tokens_gathered(gx: IntLike, gy: IntLike, hf_path: bool) -> IntLike | int:
     """How many GPUs' own tokens one of a layout's linears takes at once: its X·Y group's (``Gx·Gy``) on AxoNN's
     Hugging Face path, where every GPU holds its own sequences and each linear gathers its group's first; 1 on
