@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.arrays import distinct
 from axoplan.cost.attention import fused_attention_s, unfused_attention_s
 from axoplan.cost.compute import BYTES_BF16, gemm_numbers, gemm_s, memory_bound_s
 from axoplan.cost.groups import Groups
@@ -191,7 +192,7 @@ class _GemmShapes:
     @classmethod
     def of(cls, c: Candidates) -> _GemmShapes:
         key = (c.gx * (int(c.gy.max()) + 1) + c.gy) * (int(c.micro_batch.max()) + 1) + c.micro_batch
-        keys = np.unique(key)
+        keys = distinct(key)
         back = np.searchsorted(keys, key)  # faster than return_inverse on tens of thousands of rows
         first = np.empty(len(keys), dtype=np.int64)
         first[back] = np.arange(len(key))  # any row of a key will do: its shape is the key's

@@ -53,6 +53,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.arrays import distinct
 from axoplan.inputs.machine import Machine
 
 __all__ = ["GroupPlacement", "GroupShape", "Placements", "CompiledGroups", "compile_groups", "link_numbers", "place",
@@ -221,7 +222,7 @@ def compile_groups(machine: Machine, stride: npt.NDArray[np.int64], size: npt.ND
     """The distinct groups among (`stride`, `size`) and their shapes on `machine`'s topology."""
     base = int(size.max()) + 1
     key = stride * base + size
-    keys = np.unique(key)  # a few hundred distinct groups; searchsorted maps back (faster than return_inverse)
+    keys = distinct(key)  # a few hundred distinct groups; searchsorted maps back (faster than return_inverse)
     inverse = np.searchsorted(keys, key)
     shapes = tuple(shape_of(machine, int(k // base), int(k % base)) for k in keys)
     return CompiledGroups(shapes, inverse, topology(machine))

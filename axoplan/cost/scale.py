@@ -28,6 +28,8 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.arrays import distinct
+
 __all__ = ["expected_max_normal", "straggler_factor", "interference_s"]
 
 Floats = npt.NDArray[np.float64]
@@ -54,7 +56,7 @@ def _expected_max(n: int) -> float:
 def expected_max_normal(n: npt.ArrayLike) -> Floats:
     """``E[max of n independent standard normals]`` for every entry of `n` (0 for n ≤ 1)."""
     arr = np.asarray(n, dtype=np.int64)
-    keys = np.unique(arr)  # a few distinct sizes among tens of thousands of candidates
+    keys = distinct(arr)  # a few distinct sizes among tens of thousands of candidates
     values = np.array([_expected_max(int(k)) for k in keys], dtype=np.float64)
     return np.asarray(values[np.searchsorted(keys, arr)], dtype=np.float64)
 

@@ -19,6 +19,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.arrays import distinct
 from axoplan.errors import AxoplanError
 from axoplan.inputs.axes import AXES, AXIS_DEFS, DEFAULT_ORDER, check_order, mesh_dims, order_name, parse_tp_order
 
@@ -176,7 +177,7 @@ def divisors(n: int) -> IntArray:
         raise ValueError(f"divisors of {n} are undefined")
     small = np.arange(1, int(np.sqrt(n)) + 1, dtype=np.int64)
     small = small[n % small == 0]
-    return np.unique(np.concatenate([small, n // small]))
+    return distinct(np.concatenate([small, n // small]))
 
 
 def ordered_factorizations(world_size: int) -> tuple[IntArray, IntArray, IntArray, IntArray]:
