@@ -12,8 +12,9 @@ from tests.conftest import REPO
 PACKAGE = REPO / "axoplan"
 FLOW = ("inputs", "space", "cost", "search", "uncertainty", "records", "export", "executor", "validate", "commands")
 """The packages in data-flow order: a package may import those before it, never one after it."""
-SHARED = {"errors", "fileio", "report", "allocator", "cli", "__main__"}
-"""Top-level modules: errors and fileio are used by all; report renders what the search and validation give."""
+SHARED = {"errors", "fileio", "arrays", "report", "allocator", "cli", "__main__"}
+"""Top-level modules: errors and fileio are used by all, arrays by the numeric folders (space, cost); report renders
+what the search and validation give."""
 
 
 def _module(path: Path) -> str:
