@@ -171,6 +171,20 @@ class Recorder(TorchDispatchMode):
     def scope(self, value: str) -> None:
         self._scope, self.gemms_seen = value, 0
 
+    def setter(self, scope: str) -> Callable[..., None]:
+        """A module hook that moves the recording to `scope`."""
+        def hook(*_: Any, **__: Any) -> None:
+            self.scope = scope
+        return hook
+
+    def follow(self, block: torch.nn.Module, before_forward: Callable[..., None] | None = None) -> None:
+        """Hooks on the traced block that switch the scope as the step enters and leaves it (`before_forward`, when
+        given, replaces the plain switch into the block's forward: FSDP's gather runs there)."""
+        block.register_forward_pre_hook(before_forward or self.setter("block_forward"))
+        block.register_forward_hook(self.setter("rest_forward"))
+        block.register_full_backward_pre_hook(self.setter("block_backward"))
+        block.register_full_backward_hook(self.setter("rest_backward"))
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -360,15 +374,7 @@ def trace_step(family: str, dims: dict[str, int], precision: str) -> tuple[dict[
     opt.step()
     opt.zero_grad(set_to_none=True)
 
-    def setter(scope: str) -> Callable[..., None]:
-        def hook(*_: Any, **__: Any) -> None:
-            rec.scope = scope
-        return hook
-
-    block.register_forward_pre_hook(setter("block_forward"))
-    block.register_forward_hook(setter("rest_forward"))
-    block.register_full_backward_pre_hook(setter("block_backward"))
-    block.register_full_backward_hook(setter("rest_backward"))
+    rec.follow(block)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}  # kept anyway: the weights' memory
     with cuda_autocast_on_cpu(), rec, balanced_routing(model):
         with torch.autocast("cpu", dtype=torch.bfloat16), saved_bytes(rec, saved, params):
@@ -421,17 +427,9 @@ def trace_executor_step(family: str, dims: dict[str, int], precision: str) -> tu
     rec = Recorder()
     saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
 
-    def setter(scope: str) -> Callable[..., None]:
-        def hook(*_: Any, **__: Any) -> None:
-            rec.scope = scope
-        return hook
-
     block = model.blocks[0]
-    block.register_forward_pre_hook(setter("block_forward"))
-    block.register_forward_hook(setter("rest_forward"))
-    block.register_full_backward_pre_hook(setter("block_backward"))
-    block.register_full_backward_hook(setter("rest_backward"))
-    model.register_forward_hook(setter("rest_backward"))  # the loss's scaling and backward follow the forward
+    rec.follow(block)
+    model.register_forward_hook(rec.setter("rest_backward"))  # the loss's scaling and backward follow the forward
     step = optimizer.step
 
     def traced_step() -> None:
@@ -594,19 +592,11 @@ def trace_torchtitan_step(family: str, dims: dict[str, int], precision: str) -> 
     rec = Recorder()
     saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
 
-    def setter(scope: str) -> Callable[..., None]:
-        def hook(*_: Any, **__: Any) -> None:
-            rec.scope = scope
-        return hook
-
     def block_pre(*_: Any) -> None:
         rec.scope = "block_forward"
         gather(block_names)
 
-    block.register_forward_pre_hook(block_pre)
-    block.register_forward_hook(setter("rest_forward"))
-    block.register_full_backward_pre_hook(setter("block_backward"))
-    block.register_full_backward_hook(setter("rest_backward"))
+    rec.follow(block, block_pre)
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with rec, saved_bytes(rec, saved, skip):
         rec.scope = "rest_forward"
@@ -771,15 +761,7 @@ def trace_llm_foundry_step(family: str, dims: dict[str, int], precision: str) ->
     rec = Recorder()
     saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
 
-    def setter(scope: str) -> Callable[..., None]:
-        def hook(*_: Any, **__: Any) -> None:
-            rec.scope = scope
-        return hook
-
-    block.register_forward_pre_hook(setter("block_forward"))
-    block.register_forward_hook(setter("rest_forward"))
-    block.register_full_backward_pre_hook(setter("block_backward"))
-    block.register_full_backward_hook(setter("rest_backward"))
+    rec.follow(block)
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with cuda_autocast_on_cpu(), rec:
         with torch.autocast("cpu", dtype=torch.bfloat16), saved_bytes(rec, saved, skip):
