@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.derive_ledger import Recorder, _exponents, _monomial, cuda_autocast_on_cpu, op_class
+from benchmarks.derive_ledger import _exponents, _monomial
+from benchmarks.tracing.autocast import cuda_autocast_on_cpu
+from benchmarks.tracing.recorder import Recorder, op_class
 
 
 def test_pow_runs_in_fp32_under_emulated_cuda_autocast() -> None:
@@ -76,7 +78,7 @@ def test_ops_that_make_the_host_wait_are_recorded_as_host_syncs() -> None:
     """A read-back (``.item()``), a data-dependent shape (``nonzero``, a boolean-mask index) and CUDA's fp32
     ``_grouped_mm`` (its fallback copies the offsets to the host) are host syncs; an integer index, a fixed-shape
     reduction and the bf16 grouped GEMM are not."""
-    from benchmarks.derive_ledger import waits_for_device
+    from benchmarks.tracing.recorder import waits_for_device
 
     x = torch.randn(8, 4)
     rec = Recorder()
