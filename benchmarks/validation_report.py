@@ -15,7 +15,8 @@ data set, how much each figure rests on a constant, and what calibration on one 
    sensitivity band (the error as each constant moves across its sourced range, one at a time;
    ``axoplan.validate.sensitivity``). The GPU sources of 2026-11-26: the Hugging Face GPT-2 1.3B
    profiles (``profile-gpt2-*.jsonl``: 3 steps, framework ``hf-transformers``, family ``gpt2``) and
-   axoplan's executor's H100 records, read as ``axoplan validate`` reads them.
+   axoplan's executor's H100 records, read as ``axoplan validate`` reads them, on the shipped dgx-h100 and on
+   dgx-h100 with the probe fragment the same ``measure_gpu.py`` run took on that host (``--probe``).
 2. **Calibrated, held out**: fitted on one source and measured on the others (the fitted values
    carried to the other source's machine: the 80 GB DGX A100 is the 40 GB one's twin); fitted on
    some model sizes of a source and measured on the others; for the CPU runs, 5-fold
@@ -56,6 +57,7 @@ class Source:
     machine: str
     keep: Callable[[Measured], bool] = lambda run: True
     read: Callable[[Path], list[Measured]] = lambda path: load_runs([path])
+    probe: Path | None = None  # the probe fragment of the host the runs ran on (``axoplan validate --probe``)
 
 
 GPT2_CSV_HEAD = ("model_name,machine,layers,hidden,heads,ffn_hidden,vocab,max_positions,tied_embeddings,biases,seq_len,"
@@ -89,8 +91,10 @@ SOURCES: dict[str, Source] = {
     "gpt2-h100": Source(GPU / "profile-gpt2-h100.jsonl", "dgx-h100", read=gpt2_profiles("dgx-h100")),
     "gpt2-h200": Source(GPU / "profile-gpt2-h200.jsonl", "dgx-h200", read=gpt2_profiles("dgx-h200")),
     "executor-h100": Source(GPU / "axoplan-measure-gpu-h100/runs.jsonl", "dgx-h100"),
+    "executor-h100-probed": Source(GPU / "axoplan-measure-gpu-h100/runs.jsonl", "dgx-h100",
+                                   probe=GPU / "axoplan-measure-gpu-h100/probe.yaml"),
 }
-GPU_SOURCES = ("gpt2-h100", "gpt2-h200", "executor-h100")
+GPU_SOURCES = ("gpt2-h100", "gpt2-h200", "executor-h100", "executor-h100-probed")
 MODEL_FOLDS: dict[str, dict[str, Callable[[PlanRuns], bool]]] = {
     "vtrain": {
         "hold out hidden 1024 (fit on 2048)": lambda p: p.plan.model.hidden == 1024,
@@ -107,6 +111,11 @@ CROSS = (("vtrain", "llm-foundry-40gb"), ("vtrain", "llm-foundry-80gb"), ("llm-f
          ("llm-foundry-40gb", "llm-foundry-80gb"))
 
 
+def machine_of(name: str) -> Machine:
+    """The machine a source is predicted on: its shipped YAML, with the source's probe fragment where it has one."""
+    return load_machine(SOURCES[name].machine, SOURCES[name].probe)
+
+
 def runs_of(name: str) -> list[Measured]:
     src = SOURCES[name]
     return [r for r in src.read(src.path) if src.keep(r)]
@@ -117,7 +126,7 @@ def untuned(names: list[str]) -> None:
     rows, bands = [], []
     for name in names:
         src, t0 = SOURCES[name], time.perf_counter()
-        plans, machine = aggregate(runs_of(name)), load_machine(SOURCES[name].machine)
+        plans, machine = aggregate(runs_of(name)), machine_of(name)
         s = summarize(plan_table(plans, Predictor([p.plan for p in plans])(machine)))
         cov, plain = coverage(plans, machine, 0.8), coverage(plans, _without_reach(machine), 0.8)
         sens = sensitivity(plans, machine)
@@ -163,7 +172,7 @@ def _print_reaches(name: str) -> None:
     from axoplan.uncertainty.reach import reaches
 
     counts: dict[str, int] = {}
-    machine = load_machine(SOURCES[name].machine)
+    machine = machine_of(name)
     for p in aggregate(runs_of(name)):
         for r in reaches(p.plan.model, p.plan.options, machine):
             counts[r.what] = counts.get(r.what, 0) + 1
@@ -198,11 +207,11 @@ def across_sources() -> None:
     for fit_on, test_on in CROSS:
         if fit_on not in fits:
             t0 = time.perf_counter()
-            fits[fit_on] = calibrate(runs_of(fit_on), load_machine(SOURCES[fit_on].machine), holdout=0.0).calibrated
+            fits[fit_on] = calibrate(runs_of(fit_on), machine_of(fit_on), holdout=0.0).calibrated
             print(f"fitted on {fit_on} ({time.perf_counter() - t0:.0f} s)")
         plans = aggregate(runs_of(test_on))
-        target = load_machine(SOURCES[test_on].machine)
-        machine = carried(fits[fit_on], load_machine(SOURCES[fit_on].machine), target)
+        target = machine_of(test_on)
+        machine = carried(fits[fit_on], machine_of(fit_on), target)
         predict = Predictor([p.plan for p in plans])
         before, after = (summarize(plan_table(plans, predict(m))) for m in (target, machine))
         verdict = "helps" if after.mape_pct < before.mape_pct else "hurts"
@@ -217,7 +226,7 @@ def across_sources() -> None:
 def by_model_size(name: str) -> None:
     """Section 2b: fit on some model sizes of one source, measure on the others."""
     runs = runs_of(name)
-    machine = load_machine(SOURCES[name].machine)
+    machine = machine_of(name)
     plans = aggregate(runs)
     by_where = {r.where: r for r in runs}
     print(f"== {name}: calibrated on some model sizes, measured on the others ==\n")
@@ -236,7 +245,7 @@ def random_split(name: str) -> None:
     """Section 2c: fitted on 70 % of a source's plans (seed 0), measured on the other 30 %, as
     `axoplan calibrate --holdout 0.3 --seed 0` does (the shipped `*-calibrated.yaml` files)."""
     t0 = time.perf_counter()
-    result = calibrate(runs_of(name), load_machine(SOURCES[name].machine), holdout=0.3, seed=0)
+    result = calibrate(runs_of(name), machine_of(name), holdout=0.3, seed=0)
     print(f"== {name}: calibrated on 70 % of the plans (seed 0), {time.perf_counter() - t0:.0f} s ==\n")
     print(format_calibration(result), "\n")
     plans = aggregate(runs_of(name))
@@ -248,7 +257,7 @@ def random_split(name: str) -> None:
 def cross_validation(name: str) -> None:
     """Section 2d: interval coverage when every plan is held out once (5-fold)."""
     t0 = time.perf_counter()
-    cv = cross_validated(runs_of(name), load_machine(SOURCES[name].machine), folds=5, level=0.8, seed=0)
+    cv = cross_validated(runs_of(name), machine_of(name), folds=5, level=0.8, seed=0)
     print(f"== {name}: 80% interval coverage, 5-fold cross-validation: {cv.covered:.1%} of {cv.plans} plans "
           f"({time.perf_counter() - t0:.0f} s) ==\n")
 

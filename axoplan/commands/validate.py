@@ -42,6 +42,10 @@ def validate(
     any_device: Annotated[bool, typer.Option(
         "--any-device", help="Compare runs measured on another kind of device too (a CPU rehearsal of a GPU "
                              "plan); refused by default.")] = False,
+    probe: Annotated[Path | None, typer.Option(
+        "--probe", help="The machine-YAML fragment `axoplan probe -o` wrote on the host the runs ran on: its "
+                        "host, GEMM and op-class measurements replace the machine's before predicting.",
+        show_default=False)] = None,
 ) -> None:
     """Compare measured seconds per iteration with the prediction for each run's plan.
 
@@ -52,7 +56,7 @@ def validate(
     machine; --machine picks one.
     """
     from axoplan.errors import AxoplanError
-    from axoplan.fileio import check_writable
+    from axoplan.fileio import check_readable, check_writable
     from axoplan.validate.compare import aggregate
     from axoplan.validate.compare import validate as compare
     from axoplan.validate.coverage import coverage, format_coverage
@@ -63,9 +67,13 @@ def validate(
         raise AxoplanError(f"--out {out} must end in .csv or .json")
     if out is not None:
         check_writable(out, force, "--out")
+    if probe is not None:
+        check_readable(probe, "--probe")
+        typer.echo(f"predicting with the host, GEMM and op-class measurements of {probe} merged into each machine",
+                   err=True)
     if plots is not None and plots.exists() and not plots.is_dir():
         raise AxoplanError(f"--plots {plots} is a file; give a folder")
-    sections = machine_sections(load_runs(runs), machine, any_device)
+    sections = machine_sections(load_runs(runs), machine, any_device, probe)
     results = [compare(measured, mach, top_k) for mach, measured in sections]
     if out is not None:
         _write_table([r.table for r in results], out, force)
@@ -78,36 +86,39 @@ def validate(
         typer.echo(format_coverage(coverage(aggregate(measured), mach, 0.8), per_scenario=not summary_only))
 
 
-def machine_sections(measured: list[Any], machine: str | None, any_device: bool) -> list[tuple[Any, list[Any]]]:
+def machine_sections(measured: list[Any], machine: str | None, any_device: bool,
+                     probe: Path | None = None) -> list[tuple[Any, list[Any]]]:
     """(machine, its runs) per machine to report: the one `--machine` names, the runs of other machines
-    skipped with a one-line note; without it, every machine the runs were recorded on, in file order."""
+    skipped with a one-line note; without it, every machine the runs were recorded on, in file order. With
+    `probe`, each machine has that probe fragment merged in."""
     from axoplan.validate.records import by_machine, runs_of_machine, skipped_note
 
     if machine is not None:
-        mach = resolve_machine(machine)
+        mach = resolve_machine(machine, probe)
         kept, skipped = runs_of_machine(measured, mach, machine, any_device)
         if skipped:
             typer.echo(skipped_note(skipped, mach), err=True)
         return [(mach, kept)]
     sections = []
     for name, group in by_machine(measured).items():
-        mach = resolve_machine(group[0].plan.machine)
+        mach = resolve_machine(group[0].plan.machine, probe)
         sections.append((mach, runs_of_machine(group, mach, name, any_device)[0]))
     return sections
 
 
-def resolve_machine(ref: str) -> Any:
-    """The machine named by `ref`; a recorded YAML path that is gone falls back to its stem's shipped machine."""
+def resolve_machine(ref: str, probe: Path | None = None) -> Any:
+    """The machine named by `ref` (with the `probe` fragment merged in); a recorded YAML path that is gone falls
+    back to its stem's shipped machine."""
     from axoplan.errors import AxoplanError
     from axoplan.inputs.machine import load_machine
 
     try:
-        return load_machine(ref)
+        return load_machine(ref, probe)
     except AxoplanError as err:
         stem = Path(ref).stem
         if ref.endswith((".yaml", ".yml")) and not Path(ref).exists():
             try:
-                return load_machine(stem)
+                return load_machine(stem, probe)
             except AxoplanError:
                 pass
         raise AxoplanError(f"machine of the runs: {err}") from None

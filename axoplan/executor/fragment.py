@@ -18,20 +18,21 @@ With the host's measurements it also holds ``host`` (``op_us``, ``launch_us``; t
 comment) and, from the kernel sweep's records, a ``kernels`` section (``axoplan.executor.kernel_constants``,
 the derivation ``benchmarks/kernel_constants.py`` uses too).
 
-Merge it into a machine YAML with `merge_fragment` (mappings merge, lists are replaced).
+Merge it into a machine YAML with `merge_fragment` (``axoplan.inputs.machine``: mappings merge, lists are replaced),
+or give it to ``axoplan validate --probe``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveInt
 
 from axoplan.executor.kernel_constants import kernels_yaml
 from axoplan.inputs.axes import AXES, strides
-from axoplan.inputs.machine import Orientation
+from axoplan.inputs.machine import Orientation, merge_fragment
 from axoplan.inputs.schema import Frozen
 from axoplan.records.plan import LaunchConfig
 from axoplan.space.layout import ordered_factorizations
@@ -294,14 +295,3 @@ def _num(value: float) -> str:
 def _steps(op: str, size: int) -> float:
     steps = math.ceil(math.log2(size))
     return 2.0 * steps if op == "all_reduce" else float(steps)
-
-
-def merge_fragment(machine: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
-    """`machine` with `fragment` merged in: nested mappings merge, everything else is replaced."""
-    out = dict(machine)
-    for key, value in fragment.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_fragment(out[key], value)
-        else:
-            out[key] = value
-    return out

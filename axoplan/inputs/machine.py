@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
@@ -29,7 +29,8 @@ from axoplan.inputs.parameters import SourceKind, named_parameters
 from axoplan.inputs.plausible import MACHINE_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
-__all__ = ["Machine", "Reserve", "UnifiedMemory", "ScaleUpDomain", "load_machine", "shipped_machines", "machines_dir",
+__all__ = ["Machine", "Reserve", "UnifiedMemory", "ScaleUpDomain", "load_machine", "merge_fragment", "shipped_machines",
+           "machines_dir",
            "Orientation", "ORIENTATIONS", "OrientationEfficiency", "KernelModel", "AttentionCurve", "OpClass"]
 
 Fraction = float
@@ -486,10 +487,49 @@ def shipped_machines() -> list[str]:
     return sorted(p.stem for p in machines_dir().glob("*.yaml"))
 
 
-def load_machine(name_or_path: str | Path) -> Machine:
-    """Load a shipped machine by name, or a user's machine YAML by path."""
+def merge_fragment(machine: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """`machine` with `fragment` (``axoplan probe``'s output) merged in: nested mappings merge, everything else
+    (numbers, lists such as a GEMM table) is replaced."""
+    out = dict(machine)
+    for key, value in fragment.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_fragment(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _leaf_paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted path of every non-mapping value in `tree`."""
+    paths: list[str] = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        paths += _leaf_paths(value, f"{path}.") if isinstance(value, dict) else [path]
+    return paths
+
+
+def _as_measured(data: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """`data` with each parameter `fragment` sets marked measured: its ``uncertainty.sources`` entry becomes
+    ``measured`` and its sourced range, which described the value it replaced, is dropped."""
+    known = named_parameters()
+    measured = [p for p in _leaf_paths(fragment) if p in known]
+    if not measured:
+        return data
+    uncertainty = dict(data.get("uncertainty") or {})
+    uncertainty["sources"] = {**(uncertainty.get("sources") or {}), **dict.fromkeys(measured, "measured")}
+    uncertainty["ranges"] = {k: v for k, v in (uncertainty.get("ranges") or {}).items() if k not in measured}
+    return {**data, "uncertainty": uncertainty}
+
+
+def load_machine(name_or_path: str | Path, fragment: Path | None = None) -> Machine:
+    """Load a shipped machine by name, or a user's machine YAML by path; with `fragment`, a probe's machine-YAML
+    fragment of the host it was measured on merged in first (:func:`merge_fragment`)."""
     path = _resolve(str(name_or_path))
     data = load_yaml_mapping(path)
+    if fragment is not None:
+        check_readable(fragment, "probe fragment")
+        data = _as_measured(merge_fragment(data, load_yaml_mapping(fragment)), load_yaml_mapping(fragment))
+        path = Path(f"{path} + {fragment}")
     if "launch_floor_us_per_layer" in data:
         raise AxoplanError(f"{path}: 'launch_floor_us_per_layer' is gone: the host floor now follows from kernel "
                            "counts; replace it with a 'host:' block with 'op_us' (host time per framework op, "
