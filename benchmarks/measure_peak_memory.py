@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from derive_ledger import balanced_routing, build, cuda_autocast_on_cpu  # noqa: E402
+from tracing.autocast import cuda_autocast_on_cpu  # noqa: E402
+from tracing.hf import balanced_routing, build  # noqa: E402
 
 # (family, precision, layers, dims): small enough to profile in seconds, unlike one another in what dominates
 # (vocabulary, width, sequence, layers, micro-batch)
