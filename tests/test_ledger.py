@@ -510,10 +510,32 @@ def test_mixtral_host_syncs_are_the_profiles_stream_synchronizes() -> None:
     assert _syncs_per_step("hf-bf16", MIXTRAL_S.num_layers) == 0
 
 
+def test_fp32_grouped_gemms_launch_one_mm_per_expert_as_the_profile_counts() -> None:
+    """ATen's fallback for fp32 ``_grouped_mm`` runs one ``mm`` per group: the small Mixtral step has 8 layers x 6
+    grouped calls (2 forward, 4 backward) x 8 experts + 8 x 15 attention, router and expert-free linears' GEMMs
+    (q, k, v, o and the router: 5 forward, 10 backward) + the head's 3 = 507 ``mm`` kernels, the profile's 507
+    ``aten::mm`` calls per step (the rotary table's one ``bmm`` apart). Under bf16 the grouped kernel is one launch per call: 48 + 123 = 171."""
+    prof = json.loads((DATA / "profile-mixtral-s-h100.jsonl").read_text().splitlines()[0])
+    mm_calls = next(op["calls"] for op in prof["top_cpu_ops"] if op["name"] == "aten::mm")
+    for name, expected in (("hf-autocast", 507), ("hf-bf16", 171)):
+        ledger = load_ledger(name, "mixtral")
+        cost = price_ledger(ledger, load_machine("dgx-h100"), MIXTRAL_S, 2048,
+                            Candidates.single(Layout(1, 1, 1, 1), 8, False, False))
+        gemms = sum(op.count * ledger.kernels_per_call(op) * (MIXTRAL_S.num_layers if scope.startswith("block") else 1)
+                    for scope, ops in ledger.scopes.items() for op in ops
+                    if op.op_class == "gemm" and not op.op.startswith("bmm"))  # the rotary table's bmm apart
+        assert gemms == expected
+        per_layer = sum(cost.kernels[s] for s in ("block_forward", "block_backward"))
+        assert per_layer >= sum(op.count * ledger.kernels_per_call(op) for s in ("block_forward", "block_backward")
+                                for op in ledger.ops(s) if op.op_class == "gemm")
+    assert mm_calls == 507
+
+
 def test_a_host_sync_costs_a_round_trip_and_the_next_op_and_launches_no_kernel() -> None:
     """Each of the 48 syncs stalls the H100 for one launch latency (the round trip) plus the host's next op and its
     launch: 3.78 + 2 x 7.7 = 19.18 us (machines/dgx-h100.yaml host), 0.921 ms per step; a CPU 'device' is the host
-    and waits for nothing. The syncs add no kernel to the ledger's count."""
+    and waits for nothing. The syncs add no kernel to the ledger's count; each of the block's two fp32 grouped GEMMs
+    forward adds one ``mm`` per expert (8)."""
     from axoplan.cost.ledger import sync_stall_s
 
     assert sync_stall_s(load_machine("dgx-h100")) == pytest.approx(19.18e-6)
@@ -522,8 +544,11 @@ def test_a_host_sync_costs_a_round_trip_and_the_next_op_and_launches_no_kernel()
     ledger = load_ledger("hf-autocast", "mixtral")
     cost = price_ledger(ledger, load_machine("dgx-h100"), MIXTRAL_S, 2048,
                         Candidates.single(Layout(1, 1, 1, 1), 8, False, False))
-    kernels = sum(op.count for op in ledger.ops("block_forward") if op.op_class not in ("view", "host_sync"))
-    assert cost.kernels["block_forward"] == kernels
+    ops = ledger.ops("block_forward")
+    grouped = [op for op in ops if op.op_class == "gemm" and op.grouped]
+    single = sum(op.count for op in ops if op.op_class not in ("view", "host_sync") and op not in grouped)
+    assert sum(op.count for op in grouped) == 2
+    assert cost.kernels["block_forward"] == single + 2 * 8
 
 
 def test_explain_shows_the_host_syncs_apart_from_the_kernels(tmp_path: Path) -> None:

@@ -124,6 +124,15 @@ class Ledger:
     def ops(self, scope: str) -> tuple[LedgerOp, ...]:
         return self.scopes.get(scope, ())
 
+    def kernels_per_call(self, op: LedgerOp) -> int:
+        """Kernels one call of `op` launches (each with its host dispatch): none for a view or a host sync; one per
+        expert for an fp32 grouped GEMM, which CUDA runs by PyTorch's fallback, one ``mm`` per group (the small
+        Mixtral profile, profile-mixtral-s-h100.jsonl: 507 ``aten::mm`` calls per step = 48 fp32 grouped calls
+        x 8 experts + 123 linear GEMMs); one for every other op (a bf16 grouped GEMM is one grouped kernel)."""
+        if op.op_class in NOT_KERNELS:
+            return 0
+        return self.moe[0] if op.grouped and op.dtype == "fp32" and self.moe is not None else 1
+
 
 def ledger_family(model: ModelSpec) -> str:
     """The traced family whose op list `model` runs: Mixtral's for a mixture of experts, its config's family where
@@ -283,10 +292,10 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
     for scope in SCOPES:
         kernels[scope], host[scope] = 0.0, 0.0
         for op in ledger.ops(scope):
-            host[scope] += op.count
+            host[scope] += op.count * max(1, ledger.kernels_per_call(op))
             if op.op_class == "view":
                 continue
-            kernels[scope] += 0 if op.op_class in NOT_KERNELS else op.count
+            kernels[scope] += op.count * ledger.kernels_per_call(op)
             t = pricer.seconds(op)
             if t is None:
                 continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
