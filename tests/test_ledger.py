@@ -514,7 +514,8 @@ def test_fp32_grouped_gemms_launch_one_mm_per_expert_as_the_profile_counts() -> 
     """ATen's fallback for fp32 ``_grouped_mm`` runs one ``mm`` per group: the small Mixtral step has 8 layers x 6
     grouped calls (2 forward, 4 backward) x 8 experts + 8 x 15 attention, router and expert-free linears' GEMMs
     (q, k, v, o and the router: 5 forward, 10 backward) + the head's 3 = 507 ``mm`` kernels, the profile's 507
-    ``aten::mm`` calls per step (the rotary table's one ``bmm`` apart). Under bf16 the grouped kernel is one launch per call: 48 + 123 = 171."""
+    ``aten::mm`` calls per step (the rotary table's one ``bmm`` apart). Under bf16 the grouped kernel is one launch
+    per call: 48 + 123 = 171."""
     prof = json.loads((DATA / "profile-mixtral-s-h100.jsonl").read_text().splitlines()[0])
     mm_calls = next(op["calls"] for op in prof["top_cpu_ops"] if op["name"] == "aten::mm")
     for name, expected in (("hf-autocast", 507), ("hf-bf16", 171)):
