@@ -1,6 +1,6 @@
-"""The ledger tracer (``benchmarks/derive_ledger.py``) on plain PyTorch: CUDA autocast's fp32 list emulated on CPU,
-every aten op recorded, sizes read back as monomials. (Hugging Face models are traced by the same code where
-transformers is installed; the shipped ledgers record the versions that made them.)"""
+"""The ledger tracer (``benchmarks/derive_ledger.py``, ``benchmarks/tracing/``) on plain PyTorch: CUDA autocast's
+fp32 list emulated on CPU, every aten op recorded, sizes read back as monomials. (Hugging Face models are traced
+by the same code where transformers is installed; the shipped ledgers record the versions that made them.)"""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.derive_ledger import _exponents, _monomial
 from benchmarks.tracing.autocast import cuda_autocast_on_cpu
+from benchmarks.tracing.fit import _exponents, _monomial
 from benchmarks.tracing.recorder import Recorder, op_class
 
 
@@ -99,3 +99,20 @@ def test_ops_that_make_the_host_wait_are_recorded_as_host_syncs() -> None:
         with rec:
             torch._grouped_mm(a.to(dtype), torch.randn(2, 8, 8, dtype=dtype), offs=offs)
         assert sum(op["sync"] for op in rec.ops["rest_forward"]) == syncs
+
+
+def test_each_framework_is_traced_by_its_own_module_and_the_command_offers_exactly_those() -> None:
+    """The step tracers are looked up by name (``benchmarks/tracing/fit.py`` ``STEP_TRACERS``), each in its own module
+    of ``benchmarks/tracing``; the command's ``--framework`` takes those names and refuses another."""
+    from benchmarks.tracing.fit import STEP_TRACERS, step_tracer
+    from benchmarks.tracing.hf import trace_step
+
+    modules = {name: step_tracer(name).__module__ for name in STEP_TRACERS}
+    assert modules == {"hf": "benchmarks.tracing.hf", "executor": "benchmarks.tracing.executor",
+                       "torchtitan": "benchmarks.tracing.torchtitan", "llm-foundry": "benchmarks.tracing.llm_foundry"}
+    assert step_tracer("hf") is trace_step
+    done = subprocess.run([sys.executable, "benchmarks/derive_ledger.py", "--family", "gpt2", "--framework", "nemo"],
+                          capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert "invalid choice: 'nemo'" in error and all(f"'{name}'" in error for name in STEP_TRACERS)
