@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -78,3 +79,27 @@ def test_a_missing_probe_is_one_line(tmp_path: Path) -> None:
     r = run_cli_here("validate", str(H100 / "runs.jsonl"), "--probe", str(tmp_path / "nope.yaml"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "--probe" in r.stderr and "does not exist" in r.stderr
+
+
+def test_rank_and_explain_take_the_probe_as_the_merged_machine_with_measured_spreads(tmp_path: Path) -> None:
+    """`rank` and `explain` read --probe as `validate` does: the hand-merged YAML's prediction, with an interval no
+    wider (what the probe measured spreads by the measured prior, not the shipped range of the value it replaced),
+    and a host twice as slow per op makes the host-bound executor step slower than on the shipped machine."""
+    fragment = _write(tmp_path / "probe.yaml", {"host": {"op_us": 8.0, "launch_us": 17.0}})
+    base = yaml.safe_load((machines_dir() / "dgx-h100.yaml").read_text())
+    merged = _write(tmp_path / "dgx-h100.yaml", merge_fragment(base, yaml.safe_load(fragment.read_text())))
+    model = ["--layers", "4", "--hidden", "2048", "--heads", "16", "--vocab", "32000", "-g", "1", "--global-batch", "8",
+             "--micro-batch", "1", "--recompute", "off", "--framework", "axoplan-executor"]
+    rows = {}
+    for name, machine in (("probed", ["--machine", "dgx-h100", "--probe", str(fragment)]),
+                          ("by_hand", ["--machine", str(merged)]), ("shipped", ["--machine", "dgx-h100"])):
+        out = tmp_path / f"{name}.json"
+        r = run_cli_here("rank", *model, *machine, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        rows[name] = json.loads(out.read_text())["rows"][0]
+        explained = run_cli_here("explain", *model, *machine, "-l", "1x1x1x1")
+        assert explained.returncode == 0, explained.stderr
+        assert f"predicted {rows[name]['t_step_s']:.4f} s/iter" in explained.stdout
+    assert rows["probed"]["t_step_s"] == rows["by_hand"]["t_step_s"] > 1.3 * rows["shipped"]["t_step_s"]
+    width = {k: r["t_high_s"] / r["t_low_s"] for k, r in rows.items()}
+    assert width["probed"] < width["by_hand"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt, shared_options
+from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, ProbeOpt, TokensOpt, shared_options
 
 if TYPE_CHECKING:
     from axoplan.inputs.options import RunOptions
@@ -27,6 +27,7 @@ def explain(
     *,
     gpus: GpusOpt,
     machine: MachineOpt = "frontier",
+    probe: ProbeOpt = None,
     layout: Annotated[str | None, typer.Option("--layout", "-l", help="Gx x Gy x Gz x Gdata, e.g. 8x2x512x4.")] = None,
     rank_: Annotated[int | None, typer.Option("--rank", "-r", min=1, help="Explain the layout ranked N.")] = None,
     tokens: TokensOpt = None,
@@ -53,7 +54,7 @@ def explain(
     from axoplan.search.ranking import rank as do_rank
     from axoplan.space.layout import parse_layout
 
-    spec, mach = model_flags.load(), load_machine(machine)
+    spec, mach = model_flags.load(), load_machine(machine, probe)
     if layout is not None and rank_ is not None:
         raise AxoplanError("give --layout or --rank, not both")
     lay = parse_layout(layout) if layout is not None else None

@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -309,3 +310,6 @@ TokensOpt = Annotated[str | None, typer.Option(
     show_default=False)]
 MachineOpt = Annotated[str, typer.Option(
     "--machine", help="Shipped machine (see `axoplan machines`) or path to a machine YAML.")]
+ProbeOpt = Annotated[Path | None, typer.Option(
+    "--probe", help="The machine-YAML fragment `axoplan probe -o` wrote on the machine's own host: its host, GEMM "
+                    "and op-class measurements replace the machine's (marked measured).", show_default=False)]

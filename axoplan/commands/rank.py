@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, TokensOpt, shared_options
+from axoplan.commands.options import GpusOpt, MachineOpt, ModelFlags, ProbeOpt, TokensOpt, shared_options
 
 if TYPE_CHECKING:
     from axoplan.inputs.options import RunOptions
@@ -34,6 +34,7 @@ def rank(
     *,
     gpus: GpusOpt,
     machine: MachineOpt = "frontier",
+    probe: ProbeOpt = None,
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="Rows to show.")] = 10,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write ALL candidates (feasible or not, "
@@ -69,7 +70,7 @@ def rank(
     from axoplan.search.advice import explain_infeasible
     from axoplan.search.ranking import rank as do_rank
 
-    spec, mach = model_flags.load(), load_machine(machine)
+    spec, mach = model_flags.load(), load_machine(machine, probe)
     if gpus < 1:
         raise AxoplanError(f"--gpus must be a positive number of GPUs, got {gpus}")
     if out is not None and out.suffix not in {".csv", ".json"}:

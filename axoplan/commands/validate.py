@@ -44,8 +44,8 @@ def validate(
                              "plan); refused by default.")] = False,
     probe: Annotated[Path | None, typer.Option(
         "--probe", help="The machine-YAML fragment `axoplan probe -o` wrote on the host the runs ran on: its "
-                        "host, GEMM and op-class measurements replace the machine's before predicting.",
-        show_default=False)] = None,
+                        "host, GEMM and op-class measurements replace each machine's (marked measured) before "
+                        "predicting.", show_default=False)] = None,
 ) -> None:
     """Compare measured seconds per iteration with the prediction for each run's plan.
 
