@@ -50,13 +50,15 @@ BASE = {"B": 2, "S": 16, "H": 32, "NH": 4, "KV": 2, "F": 48, "V": 40}
 TRACED_VERSIONS = {"transformers": "transformers==5.17.0", "torchtitan": "torchtitan==0.3.0 (pip --no-deps, plus "
                    "spmd_types, tyro, docstring_parser and triton, which its model modules import)",
                    "llmfoundry": "llm-foundry==0.22.0 (pip --no-deps, plus catalogue, einops and tabulate, which its "
-                   "MPT modules import) and transformers==5.17.0"}
+                   "MPT modules import) and transformers==5.17.0",
+                   "megatron": "megatron-core==0.16.1 (without TransformerEngine or apex, which need CUDA)"}
 """The traced code's package and how the shipped ledgers' version of it was installed."""
 
 
 def code_package(framework: str) -> str:
     """The package whose code `framework` traces (the executor is axoplan's own; its ledger records transformers')."""
-    return {"torchtitan": "torchtitan", "llm-foundry": "llmfoundry"}.get(framework, "transformers")
+    return {"torchtitan": "torchtitan", "llm-foundry": "llmfoundry", "megatron": "megatron"}.get(framework,
+                                                                                              "transformers")
 
 
 def code_version(framework: str) -> dict[str, str]:
@@ -64,7 +66,8 @@ def code_version(framework: str) -> dict[str, str]:
     from importlib.metadata import version
 
     package = code_package(framework)
-    distributions = {"llmfoundry": ("llm-foundry", "transformers")}.get(package, (package,))
+    distributions = {"llmfoundry": ("llm-foundry", "transformers"), "megatron": ("megatron-core",)}.get(package,
+                                                                                                        (package,))
     return {d: version(d) for d in distributions}
 
 
@@ -76,10 +79,20 @@ TRACED = {
                    "imported without the package __init__ (Composer's two imported names stubbed, never called); "
                    "stand-ins: SDPA for its Triton/flash attention, one op each way for flash-attn's fused "
                    "cross-entropy (tracing.llm_foundry.build_mpt)",
+    "megatron": "megatron-core 0.16.1's own GPTModel of its local layer spec (megatron/core/models/gpt) under its "
+                "own DistributedDataParallel (fp32 main_grad buffer), Megatron-LM pretrain_gpt.py's loss, the "
+                "distributed optimizer's step written out from its code, in a world of one on gloo "
+                "(torch.cuda.current_device patched to the CPU, use_cpu_initialization, collectives left out); "
+                "stand-ins, one op each way: apex's fused LayerNorm (fusions/fused_layer_norm.py), the jit_fuser "
+                "(torch.compile) bias-GeLU (fusions/fused_bias_gelu.py) and bias-dropout-add "
+                "(fusions/fused_bias_dropout.py), TransformerEngine's flash attention for the local spec's unfused "
+                "DotProductAttention, apex's wgrad_gemm_accum_fp32 (gradient_accumulation_fusion, "
+                "tensor_parallel/layers.py), CUDA's native_dropout; torch's fused AdamW for TE/apex FusedAdam "
+                "(tracing.megatron)",
 }
 """What a trace ran of the framework's own code, and what stood in for kernels that do not run on a CPU."""
 
-ATTENTION = {"torchtitan": "flash", "llm-foundry": "run"}
+ATTENTION = {"torchtitan": "flash", "llm-foundry": "run", "megatron": "flash"}
 """The attention kernel a framework's code runs, where it is not SDPA's pick on the device (``Ledger.attention``):
 torchtitan's FlexAttention has no measured curve of its own and takes FlashAttention-2's (its paper: 90 % of
 FlashAttention-2 forward, 85 % backward [assumed]); llm-foundry takes it from the run (``attn_config.attn_impl``:
@@ -95,13 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--framework", default="hf", choices=list(fit.STEP_TRACERS),
                     help="hf: Hugging Face transformers' model; executor: axoplan's own (axoplan/executor); "
                     "torchtitan: its Llama 3 under FSDP2 mixed precision (--family llama --precision bf16); "
-                    "llm-foundry: its MPT under Composer's FSDP, PURE bf16 (--family mpt --precision bf16)")
+                    "llm-foundry: its MPT under Composer's FSDP, PURE bf16 (--family mpt --precision bf16); "
+                    "megatron: Megatron-LM's GPT, distributed optimizer (--family gpt2 --precision bf16)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.framework == "torchtitan" and (args.family, args.precision) != ("llama", "bf16"):
         raise SystemExit("--framework torchtitan traces its Llama 3 with bf16 compute: --family llama --precision bf16")
     if args.framework == "llm-foundry" and (args.family, args.precision) != ("mpt", "bf16"):
         raise SystemExit("--framework llm-foundry traces its MPT in bf16 (FSDP PURE): --family mpt --precision bf16")
+    if args.framework == "megatron" and (args.family, args.precision) != ("gpt2", "bf16"):
+        raise SystemExit("--framework megatron traces Megatron-LM's GPT in bf16: --family gpt2 --precision bf16")
     if args.family == "mpt" and args.framework != "llm-foundry":
         raise SystemExit("--family mpt is llm-foundry's model: --framework llm-foundry")
     package = code_package(args.framework)
@@ -116,11 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         base.update(NH=8, H=64)
     if args.family == "gpt-neox":  # rotary on a quarter of each head: whole even dimensions at every doubling
         base.update(H=64)
+    if args.framework == "megatron":  # every parameter a multiple of 64 elements, their sum of 128: no buffer padding
+        base.update(H=64, F=64)
     ledger = fit.derive(args.family, args.precision, base, args.framework)
     if args.precision == "fp32" and args.framework != "executor":
         raise SystemExit("--precision fp32 is the executor's CPU dtype; Hugging Face steps are autocast or bf16")
     name = {"executor": "executor" + ("-fp32" if args.precision == "fp32" else ""), "torchtitan": "torchtitan",
-            "llm-foundry": "llm-foundry"}.get(args.framework, f"hf-{args.precision}")
+            "llm-foundry": "llm-foundry", "megatron": "megatron"}.get(args.framework, f"hf-{args.precision}")
     doc = {
         "profile": name, "family": args.family,
         "made_by": "python benchmarks/derive_ledger.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -23,7 +23,8 @@ StepTrace = tuple[dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int
 """What a step tracer returns: (ops per scope, saved storages per scope, parameters)."""
 
 STEP_TRACERS = {"hf": "hf:trace_step", "executor": "executor:trace_executor_step",
-                "torchtitan": "torchtitan:trace_torchtitan_step", "llm-foundry": "llm_foundry:trace_llm_foundry_step"}
+                "torchtitan": "torchtitan:trace_torchtitan_step", "llm-foundry": "llm_foundry:trace_llm_foundry_step",
+                "megatron": "megatron:trace_megatron_step"}
 """Each ``--framework``'s step tracer, ``module:function`` in this package (imported when that framework is traced;
 its arguments are the family, the dimensions and the precision)."""
 
