@@ -53,6 +53,7 @@ def test_exponents_are_read_from_doubling() -> None:
 @pytest.mark.parametrize(("framework", "family", "package", "install"), [
     ("torchtitan", "llama", "torchtitan", "install torchtitan==0.3.0"),
     ("llm-foundry", "mpt", "llmfoundry", "install llm-foundry==0.22.0"),
+    ("megatron", "gpt2", "megatron", "install megatron-core==0.16.1"),
 ])
 def test_a_framework_is_traced_where_installed_and_refused_in_one_line_where_not(
         tmp_path: Path, framework: str, family: str, package: str, install: str) -> None:

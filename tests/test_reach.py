@@ -100,8 +100,10 @@ def test_each_reach_applies_where_its_source_says() -> None:
         "model family gpt2 not traced, priced with mpt's op list": SIGMA_FAMILY}
     assert _found(mpt, "dgx-h100", framework="pytorch-fsdp") == {}
     assert _found(mpt, "dgx-b200", framework="pytorch-fsdp") == {"device's op classes never measured": SIGMA_UNMEASURED}
-    assert _found(GPT2, "dgx-h100", framework="megatron-lm", seq_len=256) == {
+    assert _found(GPT2, "dgx-h100", framework="axonn", seq_len=256) == {
         "framework counted, not traced": SIGMA_COUNTED}
+    # Megatron-LM is traced (frameworks/ledgers/megatron-gpt2.json): a GPT-2 block on the H100 reaches nothing
+    assert _found(GPT2, "dgx-h100", framework="megatron-lm") == {}
     # the H200's copy/cast, loss and optimizer are the H100's
     assert _found(GPT2, "dgx-h200") == {
         "device's copy_cast, loss, optimizer taken from another device": SIGMA_DERIVED}
