@@ -87,8 +87,10 @@ TRACED = {
                 "(torch.compile) bias-GeLU (fusions/fused_bias_gelu.py) and bias-dropout-add "
                 "(fusions/fused_bias_dropout.py), TransformerEngine's flash attention for the local spec's unfused "
                 "DotProductAttention, apex's wgrad_gemm_accum_fp32 (gradient_accumulation_fusion, "
-                "tensor_parallel/layers.py), CUDA's native_dropout; torch's fused AdamW for TE/apex FusedAdam "
-                "(tracing.megatron)",
+                "tensor_parallel/layers.py), CUDA's native_dropout, CUDA's fused RMSNorm and the jit_fuser SwiGLU "
+                "(fusions/fused_bias_swiglu.py) for the Llama-style block, whose fused linear_qkv runs as two "
+                "ColumnParallelLinear (one more GEMM forward, two backward); torch's fused AdamW for TE/apex "
+                "FusedAdam (tracing.megatron)",
 }
 """What a trace ran of the framework's own code, and what stood in for kernels that do not run on a CPU."""
 
@@ -109,15 +111,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="hf: Hugging Face transformers' model; executor: axoplan's own (axoplan/executor); "
                     "torchtitan: its Llama 3 under FSDP2 mixed precision (--family llama --precision bf16); "
                     "llm-foundry: its MPT under Composer's FSDP, PURE bf16 (--family mpt --precision bf16); "
-                    "megatron: Megatron-LM's GPT, distributed optimizer (--family gpt2 --precision bf16)")
+                    "megatron: Megatron-LM's GPT or Llama-style block, distributed optimizer (--family gpt2 or "
+                    "llama --precision bf16)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.framework == "torchtitan" and (args.family, args.precision) != ("llama", "bf16"):
         raise SystemExit("--framework torchtitan traces its Llama 3 with bf16 compute: --family llama --precision bf16")
     if args.framework == "llm-foundry" and (args.family, args.precision) != ("mpt", "bf16"):
         raise SystemExit("--framework llm-foundry traces its MPT in bf16 (FSDP PURE): --family mpt --precision bf16")
-    if args.framework == "megatron" and (args.family, args.precision) != ("gpt2", "bf16"):
-        raise SystemExit("--framework megatron traces Megatron-LM's GPT in bf16: --family gpt2 --precision bf16")
+    if args.framework == "megatron" and (args.family not in ("gpt2", "llama") or args.precision != "bf16"):
+        raise SystemExit("--framework megatron traces Megatron-LM's GPT or Llama-style block in bf16: --family gpt2 "
+                         "or llama, --precision bf16")
     if args.family == "mpt" and args.framework != "llm-foundry":
         raise SystemExit("--family mpt is llm-foundry's model: --framework llm-foundry")
     package = code_package(args.framework)
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.family == "gpt-neox":  # rotary on a quarter of each head: whole even dimensions at every doubling
         base.update(H=64)
     if args.framework == "megatron":  # every parameter a multiple of 64 elements, their sum of 128: no buffer padding
-        base.update(H=64, F=64)
+        base.update({"H": 64, "F": 64} if args.family == "gpt2" else {"H": 128})
     ledger = fit.derive(args.family, args.precision, base, args.framework)
     if args.precision == "fp32" and args.framework != "executor":
         raise SystemExit("--precision fp32 is the executor's CPU dtype; Hugging Face steps are autocast or bf16")

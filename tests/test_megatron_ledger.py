@@ -146,3 +146,38 @@ def test_the_megatron_lm_profile_prices_from_the_ledger_and_explain_shows_it() -
     named = {(row[0], row[1]) for row in rows}
     assert {("block_forward", "flash_attention.default"), ("block_forward", "fused_layer_norm.default"),
             ("block_backward", "addmm.wgrad_fp32"), ("block_backward", "gelu_backward.bias")} <= named
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_attention_and_the_mlp_activation_sit_on_the_head_and_ffn_axis(family: str) -> None:
+    """On the Megatron path a block op's activations split over Y between QKV and attention-out and between FC1 and
+    FC2, over X elsewhere (docs/algorithm.md §1): flash attention and the MLP activation on Y, the norms on X (the
+    Llama-style trace's split QKV counted as the one fused GEMM it stands for)."""
+    ledger = load_ledger("megatron", family)
+    for scope in ("block_forward", "block_backward"):
+        for op in ledger.ops(scope):
+            if op.op_class in ("attention", "activation"):
+                assert op.axis == "y", (scope, op.op)
+            if op.op_class == "norm":
+                assert op.axis == "x", (scope, op.op)
+
+
+def test_the_llama_style_block_runs_rmsnorm_swiglu_and_grouped_query_flash_attention() -> None:
+    """``--normalization RMSNorm --swiglu --group-query-attention``: CUDA's fused RMSNorm and Megatron's fused SwiGLU
+    once each way, one flash attention each way reading KV heads for the keys and values, no biases; the QKV linear
+    traced as two GEMMs (5 forward, 10 backward where Megatron's fused one makes 4 and 8) whose flops are the fused
+    one's, 2·T·H·(H + 2·KV·H/NH)."""
+    ledger = load_ledger("megatron", "llama")
+    fwd, bwd = _calls(ledger, "block_forward"), _calls(ledger, "block_backward")
+    assert fwd["fused_rms_norm.default"] == 2 and bwd["fused_rms_norm_backward.default"] == 2
+    assert fwd["silu.swiglu"] == 1 and bwd["silu_backward.swiglu"] == 1
+    assert fwd["flash_attention.default"] == 1 and bwd["flash_attention_backward.default"] == 1
+    assert "bias_dropout_add.default" not in fwd and "gelu.bias" not in fwd
+    dims = {**DIMS, "KV": 8.0, "F": 14336.0}  # Llama 3.1 8B's widths
+    b, s, h, nh, kv, f = dims["B"], dims["S"], dims["H"], dims["NH"], dims["KV"], dims["F"]
+    t = b * s
+    forward = [_value(op.flops, dims) * op.count for op in ledger.ops("block_forward") if op.op_class == "gemm"]
+    assert len(forward) + sum(op.count - 1 for op in ledger.ops("block_forward") if op.op_class == "gemm") == 5
+    assert sum(forward) == 2 * t * h * (h + 2 * kv * h / nh) + 2 * t * h * h + 2 * t * h * 2 * f + 2 * t * f * h
+    flash = _only(ledger, "block_forward", "flash_attention.default")
+    assert _value(flash.read, dims) == 2 * t * h + 2 * 2 * t * kv * h / nh

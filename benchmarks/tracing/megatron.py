@@ -20,11 +20,17 @@ attention, ``--overlap-grad-reduce``) and what stands in for it here (each fused
   the ``--use-flash-attn``/TE path; the local spec's ``DotProductAttention`` is the unfused one and hard-codes a CUDA
   causal mask): one ``flash_attention`` op forward (reads q, k, v; writes the output and the fp32 log-sum-exp) and one
   ``flash_attention_backward`` (reads q, k, v, the output, its gradient and the log-sum-exp; writes dq, dk, dv);
+  grouped key-value heads are read as they are (the kernel indexes them);
 * the wgrad GEMM with ``gradient_accumulation_fusion`` (``megatron/core/tensor_parallel/layers.py``
   ``LinearWithGradAccumulationAndAsyncCommunication.backward``: apex's
   ``fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32``): one ``addmm.wgrad_fp32`` GEMM that reads the input and
   the output's gradient and accumulates into the fp32 ``main_grad`` (read and written) — the real backward runs
-  with ``gradient_accumulation_fusion=True``, only the extension's kernel stands in.
+  with ``gradient_accumulation_fusion=True``, only the extension's kernel stands in;
+* CUDA's ``native_dropout`` for ``torch.nn.Dropout`` (:func:`_native_dropout`);
+* the Llama-style block (``--family llama``): RMSNorm (the local spec's ``torch.nn.RMSNorm``,
+  ``megatron/core/transformer/torch_norm.py``, which CUDA runs as ``_fused_rms_norm``: the torchtitan trace's
+  stand-in), fused SwiGLU (``megatron/core/fusions/fused_bias_swiglu.py`` under ``jit_fuser``): one ``silu.swiglu`` op
+  forward, one ``silu_backward.swiglu`` backward; its fused QKV linear runs as two (:func:`_split_qkv`).
 
 CUDA calls patched for the trace (:func:`cpu_world`): ``torch.cuda.current_device`` returns "cpu" (the grad
 buffers', the global memory buffer's and DDP's device); ``use_cpu_initialization=True`` (no ``.cuda()``, no CUDA RNG
@@ -45,7 +51,7 @@ from unittest import mock
 
 import torch
 
-from .recorder import Recorder, saved_bytes
+from .recorder import Recorder, op_class, saved_bytes
 
 _LIBS: list[Any] = []
 
@@ -60,6 +66,8 @@ def _library() -> Any:
                "-> (Tensor, Tensor, Tensor)")
     lib.define("gelu.bias(Tensor x, Tensor bias) -> Tensor")
     lib.define("gelu_backward.bias(Tensor dy, Tensor x, Tensor bias) -> Tensor")
+    lib.define("silu.swiglu(Tensor x) -> Tensor")
+    lib.define("silu_backward.swiglu(Tensor dy, Tensor x) -> Tensor")
     lib.define("bias_dropout_add(Tensor x, Tensor bias, Tensor residual, float p) -> (Tensor, Tensor)")
     lib.define("bias_dropout_add_backward(Tensor dy, Tensor mask, float p) -> Tensor")
     lib.define("flash_attention(Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor)")
@@ -105,6 +113,19 @@ def _bias_gelu_backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -
     tanh_out = torch.tanh(0.79788456 * xb * (1 + 0.044715 * xb * xb))
     ff = 0.5 * xb * ((1 - tanh_out * tanh_out) * (0.79788456 + 0.1070322243 * xb * xb)) + 0.5 * (1 + tanh_out)
     return (ff * dy.float()).to(x.dtype)
+
+
+def _swiglu(x: torch.Tensor) -> torch.Tensor:
+    a, b = torch.chunk(x.float(), 2, dim=-1)
+    return (a * torch.sigmoid(a) * b).to(x.dtype)
+
+
+def _swiglu_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``swiglu_back`` of ``megatron/core/fusions/fused_bias_swiglu.py``."""
+    a, b = torch.chunk(x.float(), 2, dim=-1)
+    sig = torch.sigmoid(a)
+    g = dy.float()
+    return torch.cat((g * sig * (1 + a * (1 - sig)) * b, g * sig * a), -1).to(x.dtype)
 
 
 def _bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
@@ -161,6 +182,7 @@ def _wgrad(x: torch.Tensor, dy: torch.Tensor, main_grad: torch.Tensor) -> None:
 
 _IMPLS = {"fused_layer_norm": _layer_norm, "fused_layer_norm_backward": _layer_norm_backward,
           "gelu.bias": _bias_gelu, "gelu_backward.bias": _bias_gelu_backward,
+          "silu.swiglu": _swiglu, "silu_backward.swiglu": _swiglu_backward,
           "bias_dropout_add": _bias_dropout_add,
           "bias_dropout_add_backward": _bias_dropout_add_backward, "flash_attention": _flash,
           "flash_attention_backward": _flash_backward, "addmm.wgrad_fp32": _wgrad}
@@ -196,6 +218,26 @@ class _BiasGeLU(torch.autograd.Function):
         return grad, grad
 
 
+class _SwiGLU(torch.autograd.Function):
+    """``megatron/core/fusions/fused_bias_swiglu.py`` ``SwiGLUFunction`` (no bias): saves its input."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return _library().silu.swiglu(x)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return _library().silu_backward.swiglu(dy, x)
+
+
+def _bias_swiglu(x: torch.Tensor, bias: torch.Tensor | None, *_: Any) -> torch.Tensor:
+    """``bias_swiglu_impl`` as ``transformer/mlp.py`` calls it for the Llama-style block (no bias)."""
+    assert bias is None, "the Llama-style block has no biases (add_bias_linear=False)"
+    return _SwiGLU.apply(x)
+
+
 class _BiasDropoutAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: float) -> torch.Tensor:
@@ -226,10 +268,13 @@ class _FlashAttention(torch.autograd.Function):
 
 def _bias_dropout_add_fused_train(x_with_bias: tuple[torch.Tensor, torch.Tensor | None], residual: torch.Tensor,
                                   prob: float) -> torch.Tensor:
-    """``bias_dropout_add_fused_train`` of the GPT block (its row-parallel linears return their bias,
-    ``skip_bias_add``): one fused op each way."""
+    """``bias_dropout_add_fused_train``: the GPT block's (its row-parallel linears return their bias,
+    ``skip_bias_add``; dropout 0.1) one fused op each way; the Llama-style block's (no bias, no dropout: the compiled
+    function is ``residual + x``) one add forward, none backward."""
     x, bias = x_with_bias
-    assert bias is not None, "the GPT block's row-parallel linears return their bias"
+    if bias is None:
+        assert prob == 0.0, "the Llama-style block is traced without dropout"
+        return residual + x
     return _BiasDropoutAdd.apply(x, bias, residual, prob)
 
 
@@ -255,8 +300,8 @@ def cpu_world() -> Iterator[None]:
     """A world of one on gloo with megatron-core's CUDA calls and fused kernels patched for the trace (the module
     docstring): ``torch.cuda.current_device``, the wgrad extension of ``tensor_parallel/layers.py``, the gradient
     buffer's reduce-scatter (``distributed/param_and_grad_buffer.py``), the ``jit_fuser`` function of
-    ``fusions/fused_bias_dropout.py``, and the bias-GeLU ``transformer/mlp.py`` imports from
-    ``fusions/fused_bias_gelu.py``."""
+    ``fusions/fused_bias_dropout.py``, and the bias-GeLU and SwiGLU ``transformer/mlp.py`` imports from
+    ``fusions/fused_bias_gelu.py`` and ``fusions/fused_bias_swiglu.py``."""
     import types
 
     import megatron.core.distributed.param_and_grad_buffer as buffers
@@ -273,7 +318,8 @@ def cpu_world() -> Iterator[None]:
                                     (layers, "_grad_accum_fusion_available", True),
                                     (buffers, "dist_reduce_scatter_func", _no_collective),
                                     (bda, "bias_dropout_add_fused_train", _bias_dropout_add_fused_train),
-                                    (mlp, "bias_gelu_impl", _BiasGeLU.apply)):
+                                    (mlp, "bias_gelu_impl", _BiasGeLU.apply),
+                                    (mlp, "bias_swiglu_impl", _bias_swiglu)):
             stack.enter_context(mock.patch.object(target, name, value, create=True))
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
@@ -282,39 +328,85 @@ def cpu_world() -> Iterator[None]:
         yield
 
 
-def build_megatron(dims: dict[str, int]) -> Any:
+def build_megatron(family: str, dims: dict[str, int]) -> Any:
     """A one-block megatron-core ``GPTModel`` (``megatron/core/models/gpt/gpt_model.py``) of the local layer spec, as
-    Megatron-LM's ``pretrain_gpt.py`` builds it with ``--bf16`` (bf16 parameters) and its GPT defaults (learned
-    absolute positions, LayerNorm, bias-GeLU MLP of ``ffn_hidden_size``, biases, hidden and attention dropout 0.1,
-    the output layer tied to the word embeddings), the fusions on (``bias_activation_fusion``,
-    ``bias_dropout_fusion``, ``gradient_accumulation_fusion``), wrapped in megatron-core's
+    Megatron-LM's ``pretrain_gpt.py`` builds it with ``--bf16`` (bf16 parameters), the fusions on
+    (``bias_activation_fusion``, ``bias_dropout_fusion``, ``gradient_accumulation_fusion``), wrapped in megatron-core's
     ``DistributedDataParallel`` (``use_distributed_optimizer``, an fp32 ``main_grad`` buffer: ``grad_reduce_in_fp32``,
     which Megatron-LM's ``--bf16`` sets by ``--accumulate-allreduce-grads-in-fp32``, and its default
-    ``--check-for-nan-in-loss-and-grad``). The norms and the core attention are the stand-ins of the module
-    docstring."""
+    ``--check-for-nan-in-loss-and-grad``). ``gpt2``: Megatron-LM's GPT defaults (learned absolute positions,
+    LayerNorm, bias-GeLU MLP of ``ffn_hidden_size``, biases, hidden and attention dropout 0.1, the output layer tied to
+    the word embeddings). ``llama``: a Llama-style block as Megatron-LM's Llama recipes set it (``--normalization
+    RMSNorm --swiglu --disable-bias-linear --group-query-attention --position-embedding-type rope
+    --untie-embeddings-and-output-weights``, no dropout), its fused QKV linear split in two (:func:`_split_qkv`). The
+    norms and the core attention are the stand-ins of the module docstring."""
+    import torch.nn.functional as F
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    llama = family == "llama"
+    style: dict[str, Any] = (
+        {"normalization": "RMSNorm", "gated_linear_unit": True, "activation_func": F.silu, "add_bias_linear": False,
+         "num_query_groups": dims["KV"], "hidden_dropout": 0.0, "attention_dropout": 0.0} if llama else
+        {"hidden_dropout": 0.1, "attention_dropout": 0.1})
     cfg = TransformerConfig(num_layers=1, hidden_size=dims["H"], num_attention_heads=dims["NH"],
-                            ffn_hidden_size=dims["F"], hidden_dropout=0.1, attention_dropout=0.1,
-                            use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
-                            pipeline_dtype=torch.bfloat16, bias_activation_fusion=True, bias_dropout_fusion=True,
-                            gradient_accumulation_fusion=True)
+                            ffn_hidden_size=dims["F"], use_cpu_initialization=True, bf16=True,
+                            params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, bias_activation_fusion=True,
+                            bias_dropout_fusion=True, gradient_accumulation_fusion=True, **style)
     torch.manual_seed(0)
-    model = GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=dims["V"], max_sequence_length=dims["S"],
-                     position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True)
+    model = GPTModel(cfg, get_gpt_layer_local_spec(normalization="RMSNorm" if llama else None),
+                     vocab_size=dims["V"], max_sequence_length=dims["S"],
+                     position_embedding_type="rope" if llama else "learned_absolute",
+                     share_embeddings_and_output_weights=not llama)
     for layer in model.decoder.layers:
         layer.self_attention.core_attention = _FlashCoreAttention()
-    for norm in [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]:
-        norm.forward = _fused_layer_norm_of(norm)  # type: ignore[method-assign]
+        if llama:
+            _split_qkv(layer.self_attention, cfg)
+    for norm in [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm)]:
+        norm.forward = _fused_norm_of(norm)  # type: ignore[method-assign]
     model = model.to(torch.bfloat16)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=True, overlap_grad_reduce=False,
         overlap_param_gather=False, check_for_nan_in_grad=True), model)
     ddp.train()
     return ddp
+
+
+def _split_qkv(attention: Any, cfg: Any) -> None:
+    """Megatron's ``linear_qkv`` is one GEMM of ``H·(NH + 2·KV)·H/NH`` weights, which is no monomial under
+    grouped-query attention: the trace runs it as two of megatron-core's own ``ColumnParallelLinear`` (the queries'
+    ``H·H`` and the keys' and values' ``2·H·KV·H/NH``: the same bytes and flops, one more GEMM kernel forward and two
+    backward than the fused code), as the torchtitan trace does. ``SelfAttention.get_query_key_value_tensors``
+    (``transformer/attention.py``) reshapes the query out of the grouped layout, a copy where a group holds two or
+    more query heads; the split keeps that copy (``clone``)."""
+    column = type(attention.linear_qkv)
+    heads, groups, head_dim = (attention.num_attention_heads_per_partition, attention.num_query_groups_per_partition,
+                               attention.hidden_size_per_attention_head)
+    hidden = cfg.hidden_size
+    attention.linear_q = column(hidden, heads * head_dim, config=cfg, init_method=cfg.init_method, bias=False)
+    attention.linear_kv = column(hidden, 2 * groups * head_dim, config=cfg, init_method=cfg.init_method, bias=False)
+    del attention.linear_qkv
+
+    def query_key_value(hidden_states: torch.Tensor, *_: Any, **__: Any) -> tuple[torch.Tensor, ...]:
+        s, b = hidden_states.shape[:2]
+        query = attention.linear_q(hidden_states)[0].view(s, b, heads, head_dim)
+        kv = attention.linear_kv(hidden_states)[0].view(s, b, groups, 2 * head_dim)
+        key, value = torch.split(kv, [head_dim, head_dim], dim=3)
+        return (query.clone() if heads > groups else query), key, value
+
+    attention.get_query_key_value_tensors = query_key_value
+
+
+def _fused_norm_of(norm: torch.nn.Module) -> Any:
+    """apex's fused LayerNorm, or CUDA's fused RMSNorm (the local spec's ``torch.nn.RMSNorm``,
+    ``transformer/torch_norm.py``, which CUDA runs as ``_fused_rms_norm``: the torchtitan trace's stand-in)."""
+    if isinstance(norm, torch.nn.RMSNorm):
+        from .torchtitan import _fused_rms_norm_of
+
+        return _fused_rms_norm_of(norm)
+    return _fused_layer_norm_of(norm)  # type: ignore[arg-type]
 
 
 def _fused_layer_norm_of(norm: torch.nn.LayerNorm) -> Any:
@@ -426,6 +518,26 @@ def _distributed_optimizer_step(ddp: Any, shards: list[tuple[torch.nn.Parameter,
         main.grad = None
 
 
+SPLIT_QKV_GEMMS = {"block_forward": (1,), "block_backward": (8, 9)}
+"""Where :func:`_split_qkv`'s extra GEMMs fall in a block's GEMM order: forward Q, KV (the second is the extra one),
+attention out, FC1, FC2; backward FC2, FC1, attention out, each dgrad then wgrad, then KV's two, then Q's two (the
+extra ones)."""
+
+
+def _fused_qkv_regions(ops: dict[str, list[dict[str, Any]]], saved: dict[str, list[tuple[int, int]]]) -> None:
+    """Each op's region (the GEMMs before it in its scope, which gives its activation axis) as the fused ``linear_qkv``
+    has it: the split's extra GEMMs are not counted, an op between the two halves sits before the fused GEMM."""
+    def fused(region: int, extra: tuple[int, ...]) -> int:
+        return region - sum(1 for e in extra if e <= region)
+
+    for scope, extra in SPLIT_QKV_GEMMS.items():
+        gemms = [op for op in ops[scope] if op_class(op["op"]) == "gemm"]
+        assert len(gemms) == 4 * (1 if scope == "block_forward" else 2) + len(extra), f"{scope}: {len(gemms)} GEMMs"
+        for op in ops[scope]:
+            op["region"] = fused(op["region"], extra)
+    saved["block_forward"] = [(n, fused(r, SPLIT_QKV_GEMMS["block_forward"])) for n, r in saved["block_forward"]]
+
+
 def trace_megatron_step(family: str, dims: dict[str, int], precision: str) -> tuple[
         dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int]]], int]:
     """Megatron-LM's training step of a one-block ``GPTModel`` (:func:`build_megatron`) on one rank: the forward and the
@@ -433,7 +545,7 @@ def trace_megatron_step(family: str, dims: dict[str, int], precision: str) -> tu
     the other gradients into it), then the distributed optimizer's step (:func:`_distributed_optimizer_step`). The
     second step is traced (the first creates the optimizer's states)."""
     with cpu_world():
-        ddp = build_megatron(dims)
+        ddp = build_megatron(family, dims)
         for dropout in [m for m in ddp.modules() if isinstance(m, torch.nn.Dropout)]:
             dropout.forward = _native_dropout(dropout)  # type: ignore[method-assign]
         ids = torch.randint(0, dims["V"], (dims["B"], dims["S"]))
@@ -460,4 +572,7 @@ def trace_megatron_step(family: str, dims: dict[str, int], precision: str) -> tu
             loss.backward()
             rec.scope = "step"
             _distributed_optimizer_step(ddp, shards, states)
-    return _without_collectives(dict(rec.ops)), dict(saved), sum(p.numel() for p in params)
+    ops = dict(rec.ops)
+    if family == "llama":
+        _fused_qkv_regions(ops, saved)
+    return _without_collectives(ops), dict(saved), sum(p.numel() for p in params)
