@@ -76,13 +76,19 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
                       options: RunOptions | None = None, ledger: LedgerCost | None = None) -> tuple[Floats, Floats]:
     """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/inputs/framework.py``):
     every block's forward, again when recomputed with the checkpoint's bookkeeping, its backward,
-    then the head's forward and backward (the ledger's ops, where the framework has one)."""
+    then the head's forward and backward (the ledger's ops, where the framework has one; the blocks' host work
+    as replayed where its profile measured it, ``FrameworkProfile.host_replay``)."""
     rec = c.recompute.astype(np.float64)
     if ledger is not None:
         def count(per_scope: dict[str, float]) -> Floats:
             return (model.num_layers * (per_scope["block_forward"] * (1.0 + rec) + per_scope["block_backward"])
                     + per_scope["rest_forward"] + per_scope["rest_backward"])
-        return count(ledger.host_ops), count(ledger.kernels)
+        host = count(ledger.host_ops)
+        if profile.host_replay is not None:  # the blocks' host work as replayed, the head's as the ledger counts it
+            r = profile.host_replay
+            host = (model.num_layers * (r.forward * (1.0 + rec) + r.backward + r.recompute_extra * rec)
+                    + ledger.host_ops["rest_forward"] + ledger.host_ops["rest_backward"])
+        return host, count(ledger.kernels)
     blk, head = profile.block, profile.head
     assert blk is not None and head is not None
     fwd_k, bwd_k = profile.kernels_per_block

@@ -35,8 +35,8 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, Valid
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
-__all__ = ["PhaseCounts", "BlockCounts", "StateBytes", "MemoryRules", "FrameworkProfile", "load_framework",
-           "shipped_frameworks", "frameworks_dir", "DEFAULT_FRAMEWORK"]
+__all__ = ["PhaseCounts", "BlockCounts", "HostReplay", "StateBytes", "MemoryRules", "FrameworkProfile",
+           "load_framework", "shipped_frameworks", "frameworks_dir", "DEFAULT_FRAMEWORK"]
 
 DEFAULT_FRAMEWORK = "axonn"
 """The framework `rank` plans for: Megatron-AxoNN (AxoNN's own training code)."""
@@ -61,6 +61,18 @@ class BlockCounts(Frozen):
     forward: PhaseCounts
     backward: PhaseCounts
     recompute_extra_host_ops: NonNegativeInt = 0
+
+
+class HostReplay(Frozen):
+    """Host op-equivalents of one block per micro-batch (each costs ``host.op_us``), measured by replaying the
+    framework's own Python on a CPU (``benchmarks/host_replay.py``). Where a ledger's profile gives them they price
+    the host's time of the blocks in place of the ledger's count of dispatched aten ops, which leaves out what is
+    not an op: module calls, Python autograd Functions, wrappers and hooks (docs/decisions.md, issue 29)."""
+
+    forward: NonNegativeFloat = Field(description="One block's forward (again under recompute).")
+    backward: NonNegativeFloat = Field(description="Its backward: autograd nodes, gradient accumulation, hooks.")
+    recompute_extra: NonNegativeFloat = Field(
+        0.0, description="What a recomputed block costs beyond a second forward (checkpoint function, RNG states).")
 
 
 class StateBytes(Frozen):
@@ -135,6 +147,9 @@ class FrameworkProfile(Frozen):
         "Hugging Face path runs; a run under it is priced on that path); None: whichever --axonn-path says.")
     block: BlockCounts | None = Field(
         None, description="Host ops and kernels of one block (a profile without a ledger).")
+    host_replay: HostReplay | None = Field(
+        None, description="A ledger profile's measured host op-equivalents per block (benchmarks/host_replay.py): "
+        "the host's time of the blocks from them, not from the ledger's aten op count.")
     head: BlockCounts | None = Field(
         None, description="The final norm, LM head and vocabulary-parallel loss, per micro-batch (without a ledger).")
     memory: MemoryRules = Field(description="How the framework holds memory.")
@@ -158,6 +173,9 @@ class FrameworkProfile(Frozen):
     def _counts_or_ledger(self) -> FrameworkProfile:
         if self.ledger is None and (self.block is None or self.head is None):
             raise ValueError("a profile without a ledger gives block and head counts")
+        if self.ledger is None and self.host_replay is not None:
+            raise ValueError("host_replay replaces a ledger's host op count: a profile without a ledger gives its "
+                             "measured op-equivalents as block.forward.host_ops and block.backward.host_ops")
         return self
 
     def ledger_for(self, device_kind: str) -> str | None:

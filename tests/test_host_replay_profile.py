@@ -1,0 +1,51 @@
+"""A ledger profile's replayed host work (``FrameworkProfile.host_replay``): the blocks' host op-equivalents as
+measured by replaying the framework's Python, in place of the ledger's count of aten ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from axoplan.cost.ledger import load_ledger, price_ledger
+from axoplan.cost.step import _per_micro_counts
+from axoplan.inputs.framework import FrameworkProfile, HostReplay, load_framework
+from axoplan.inputs.machine import load_machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.space.candidates import Candidates
+from axoplan.space.layout import Layout
+
+MODEL = ModelSpec(name="gpt-l4", num_layers=4, hidden=2048, num_heads=16, vocab=32000, max_positions=2048,
+                  tied_embeddings=True, biases=True, ffn_kind="gelu")
+
+
+def _counts(profile: FrameworkProfile, recompute: bool) -> tuple[float, float, dict[str, float]]:
+    ledger = load_ledger(profile.ledger or "", "gpt2")
+    c = Candidates.single(Layout(1, 1, 1, 1), 1, recompute, False)
+    cost = price_ledger(ledger, load_machine("dgx-h100"), MODEL, 2048, c)
+    host, kernels = _per_micro_counts(profile, MODEL, c, None, cost)
+    return float(np.asarray(host)[0]), float(np.asarray(kernels)[0]), cost.host_ops
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_replayed_block_host_work_replaces_the_ledgers_op_count_and_keeps_its_kernels(recompute: bool) -> None:
+    """Per micro-batch: layers x (forward x (1 + recompute) + backward + extra x recompute) replayed op-equivalents,
+    plus the head's ops as the ledger counts them; the kernels stay the ledger's."""
+    shipped = load_framework("megatron-lm").model_copy(update={"host_replay": None})
+    replay = HostReplay(forward=200.0, backward=300.0, recompute_extra=25.0)
+    replayed = shipped.model_copy(update={"host_replay": replay})
+    host0, kernels0, per_scope = _counts(shipped, recompute)
+    host1, kernels1, _ = _counts(replayed, recompute)
+    rec = 1.0 if recompute else 0.0
+    assert host0 == pytest.approx(4 * (per_scope["block_forward"] * (1 + rec) + per_scope["block_backward"])
+                                  + per_scope["rest_forward"] + per_scope["rest_backward"])
+    assert host1 == pytest.approx(4 * (200.0 * (1 + rec) + 300.0 + 25.0 * rec)
+                                  + per_scope["rest_forward"] + per_scope["rest_backward"])
+    assert kernels1 == kernels0
+
+
+def test_host_replay_needs_a_ledger() -> None:
+    """A counted profile gives its measured op-equivalents in block.forward/backward.host_ops already."""
+    counted = load_framework("megatron-deepspeed").model_dump()
+    with pytest.raises(ValidationError, match="host_replay replaces a ledger's host op count"):
+        FrameworkProfile.model_validate({**counted, "host_replay": {"forward": 1.0, "backward": 1.0}})
