@@ -1,6 +1,7 @@
 """Host cost of one transformer block of a framework, measured by replaying its Python.
 
     python benchmarks/host_replay.py [--framework megatron-deepspeed|axonn] [--repeats 40] [--layers 8]
+    PYTHONPATH=. python benchmarks/host_replay.py --framework megatron-core  # in a venv with megatron-core 0.16.1
 
 A framework profile (`frameworks/<name>.yaml`) prices the host side of a block in
 *op-equivalents*: the block's host time divided by the host time of one op of `axoplan
@@ -28,6 +29,29 @@ the GPT block rather than Megatron's code (``VIA-Research/vTrain``, ``src/model/
   attention (``FlashSelfAttention`` and flash-attn's varlen function), the same fused LayerNorm,
   bias-GeLU and bias-dropout-add, ``make_viewless_tensor``.
 
+* ``megatron-core``: not a replica but megatron-core 0.16.1's own code (Megatron-LM's
+  ``frameworks/megatron-lm.yaml``): the ``TransformerBlock`` of GPT ``TransformerLayer``s of the
+  ``GPTModel`` that ``benchmarks/tracing/megatron.py``'s ``build_megatron`` builds (local spec,
+  bf16 parameters, the three fusions on), inside its ``DistributedDataParallel`` (fp32
+  ``main_grad``, its gradient hooks), under the tracer's ``cpu_world`` (a world of one on gloo,
+  ``torch.cuda.current_device`` patched, ``use_cpu_initialization``); its final norm removed; the
+  full recompute of Megatron-LM's ``--recompute-granularity full --recompute-method uniform
+  --recompute-num-layers 1`` (``tensor_parallel.random.checkpoint``) switched on by the config.
+  Where a GPU runs a different Python path, the CPU runs the GPU's: the local spec's norm is
+  megatron-core's ``FusedLayerNorm`` (what it picks where apex is installed; its non-persistent
+  path, as the builder's config has ``persist_layer_norm`` off) over apex's
+  ``FusedLayerNormAffineFunction``'s Python (:class:`_ApexLayerNormFunction`). Each call the GPU
+  makes as one kernel call is one tiny op of the right shape here: apex's layer-norm extension
+  (``native_layer_norm`` and its backward), the ``torch.compile``'d ``bias_gelu`` and
+  ``bias_gelu_back`` inside megatron-core's own ``GeLUFunction``, the compiled
+  ``bias_dropout_add_fused_train`` (an autograd Function of one op each way, as AOTAutograd wraps
+  it), flash attention in place of the local spec's unfused ``DotProductAttention`` (one op each
+  way; TransformerEngine's own Python around its kernel is not replayed, so this part is a lower
+  bound), apex's ``wgrad_gemm_accum_fp32`` (one in-place op on ``main_grad``), CUDA's
+  ``native_dropout``. The CUDA RNG state that the checkpoint saves and restores is the CPU's.
+  DDP runs without ``overlap_grad_reduce`` (the builder's choice): its hook's
+  ``register_grad_ready`` is not timed. Everything else is megatron-core's Python as it runs.
+
 The replicas run on the CPU, so what only a GPU does is left out, not estimated: the CUDA
 launch (priced per kernel by ``host.launch_us``), NVTX ranges, einops' pattern handling (its
 rearranges are transposes here), the CPU's 5 kB RNG state against CUDA's 16 bytes, and
@@ -43,9 +67,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import statistics
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -481,6 +507,176 @@ class Stack:
         self.forward(checkpointed).sum().backward()
 
 
+class _ApexLayerNormFunction(torch.autograd.Function):
+    """apex's ``FusedLayerNormAffineFunction`` (``apex/normalization/fused_layer_norm.py``) as megatron-core's
+    ``FusedLayerNorm`` calls it: its Python (contiguous() of the three inputs, the context's fields, the saved
+    tensors), with ``fused_layer_norm_cuda.forward_affine`` and ``backward_affine`` (one extension call each) as one
+    aten call each: ``native_layer_norm``, which also returns the output, mean and inverse deviation."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient=False):  # type: ignore[no-untyped-def]  # noqa: A002
+        ctx.normalized_shape, ctx.eps, ctx.memory_efficient = normalized_shape, eps, memory_efficient
+        input_, weight_, bias_ = input.contiguous(), weight.contiguous(), bias.contiguous()
+        output, mean, invvar = torch.native_layer_norm(input_, ctx.normalized_shape, weight_, bias_, ctx.eps)
+        ctx.save_for_backward(input_, weight_, bias_, mean, invvar)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):  # type: ignore[no-untyped-def]
+        input_, weight_, bias_, mean, invvar = ctx.saved_tensors
+        grad_input, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
+            grad_output.contiguous(), input_, ctx.normalized_shape, mean, invvar, weight_, bias_, [True, True, True])
+        return grad_input, grad_weight, grad_bias, None, None, None
+
+
+def _one_op_bias_gelu(bias: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``fused_bias_gelu.bias_gelu`` (``torch.compile``'d: one kernel on a GPU) as one op of its output's shape."""
+    return torch.add(bias, y)
+
+
+def _one_op_bias_gelu_back(g: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``fused_bias_gelu.bias_gelu_back`` (``torch.compile``'d) as one op of its output's shape."""
+    return torch.mul(g, y)
+
+
+class _OneOpBiasDropoutAdd(torch.autograd.Function):
+    """The compiled ``bias_dropout_add_fused_train`` (AOTAutograd's autograd Function around one kernel each way):
+    one op forward, one op backward; autograd sums the bias's gradient to its shape."""
+
+    @staticmethod
+    def forward(ctx, x, bias, residual):  # type: ignore[no-untyped-def]
+        return torch.add(x, residual)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        dx = torch.mul(grad, 0.9)
+        return dx, dx, grad
+
+
+def _one_op_bias_dropout_add_train(x_with_bias: tuple[torch.Tensor, torch.Tensor | None], residual: torch.Tensor,
+                                   prob: float) -> torch.Tensor:
+    """Stands for ``fusions/fused_bias_dropout.py`` ``bias_dropout_add_fused_train`` (the GPT block's biases)."""
+    x, bias = x_with_bias
+    assert bias is not None, "the GPT block's row-parallel linears return their bias (skip_bias_add)"
+    return _OneOpBiasDropoutAdd.apply(x, bias, residual)
+
+
+class _OneOpFlash(torch.autograd.Function):
+    """Flash attention's kernel call (TransformerEngine's ``TEDotProductAttention`` on a GPU): one op forward, the
+    (S, B, heads·head) output; one op backward, the gradient seen as each of q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):  # type: ignore[no-untyped-def]
+        ctx.shape = q.shape
+        return q.new_zeros((*q.shape[:2], q.shape[2] * q.shape[3]))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        g = grad.view(ctx.shape)
+        return g, g, g
+
+
+class _OneOpCoreAttention(torch.nn.Module):
+    """In place of the local spec's ``DotProductAttention`` (unfused, a CUDA causal mask), as in
+    ``benchmarks/tracing/megatron.py``; TransformerEngine's own Python around its kernel is not replayed."""
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_: object,
+                **__: object) -> torch.Tensor:
+        return _OneOpFlash.apply(query, key, value)
+
+
+def _one_op_wgrad(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """apex's ``fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32`` (one extension call that accumulates the
+    weight's gradient into the fp32 ``main_grad``): one in-place op on ``main_grad``."""
+    main_grad.add_(0.0)
+
+
+@contextlib.contextmanager
+def _megatron_core_on_cpu(layers: int) -> Iterator[None]:
+    """``benchmarks/tracing/megatron.py``'s ``cpu_world`` (a world of one on gloo, ``torch.cuda.current_device``, the
+    reduce-scatter), then the host stand-ins of this module for the fused calls, megatron-core's ``FusedLayerNorm``
+    (the local spec's norm where apex is installed, ``models/backends.py`` ``LNImpl``), the CUDA RNG state as the
+    CPU's (``tensor_parallel/random.py``; the checkpoint saves and restores it), and the builder's
+    ``TransformerConfig`` with `layers` layers and Megatron-LM's full recompute (``--recompute-granularity full
+    --recompute-method uniform --recompute-num-layers 1``)."""
+    from unittest import mock
+
+    import megatron.core.fusions.fused_bias_dropout as bda
+    import megatron.core.fusions.fused_bias_gelu as gelu
+    import megatron.core.fusions.fused_layer_norm as fln
+    import megatron.core.models.backends as backends
+    import megatron.core.tensor_parallel.layers as tp_layers
+    import megatron.core.tensor_parallel.random as tp_random
+    import megatron.core.transformer.mlp as mlp
+    import megatron.core.transformer.transformer_config as tc
+
+    tracing = _tracing_megatron()
+    real_config = tc.TransformerConfig
+    wgrad = types.SimpleNamespace(wgrad_gemm_accum_fp32=_one_op_wgrad)
+
+    def config(**kwargs: object) -> object:
+        return real_config(**{**kwargs, "num_layers": layers, "recompute_granularity": "full",
+                              "recompute_method": "uniform", "recompute_num_layers": 1})
+
+    with tracing.cpu_world(), contextlib.ExitStack() as stack:
+        for target, name, value in (
+                (tc, "TransformerConfig", config),
+                (backends, "LNImpl", fln.FusedLayerNorm),
+                (fln, "HAVE_FUSED_LAYER_NORM", True),
+                (fln, "FusedLayerNormAffineFunction", _ApexLayerNormFunction),
+                (gelu, "bias_gelu", _one_op_bias_gelu),
+                (gelu, "bias_gelu_back", _one_op_bias_gelu_back),
+                (mlp, "bias_gelu_impl", gelu.bias_gelu_impl),
+                (bda, "bias_dropout_add_fused_train", _one_op_bias_dropout_add_train),
+                (tp_layers, "fused_weight_gradient_mlp_cuda", wgrad),
+                (tp_random, "_get_cuda_rng_state", lambda *_, **__: torch.get_rng_state()),
+                (tp_random, "_set_cuda_rng_state", lambda state, *_, **__: torch.set_rng_state(state))):
+            stack.enter_context(mock.patch.object(target, name, value, create=True))
+        yield
+
+
+def _tracing_megatron() -> types.ModuleType:
+    """``benchmarks/tracing/megatron.py``, imported as the package or from this script's folder."""
+    if __package__:
+        from .tracing import megatron
+    else:  # run as a script: its folder, benchmarks/, is sys.path[0]
+        from tracing import megatron  # type: ignore[no-redef]
+    return megatron
+
+
+@dataclass
+class MegatronCoreStack:
+    """megatron-core 0.16.1's own ``TransformerBlock`` of `layers` GPT ``TransformerLayer``s (the decoder of the
+    ``GPTModel`` that ``benchmarks/tracing/megatron.py``'s ``build_megatron`` builds, inside its
+    ``DistributedDataParallel``), without its final norm; plain, or with the full recompute of its config. Runs and
+    is timed inside :func:`_megatron_core_on_cpu`."""
+
+    ddp: torch.nn.Module
+    decoder: torch.nn.Module
+    x: torch.Tensor
+
+    @classmethod
+    def build(cls, layers: int, seed: int = 0) -> MegatronCoreStack:
+        tracing = _tracing_megatron()
+        torch.manual_seed(seed)
+        ddp = tracing.build_megatron("gpt2", {"H": HIDDEN, "NH": HEADS, "F": 4 * HIDDEN, "V": 64, "S": TOKENS})
+        for dropout in [m for m in ddp.modules() if isinstance(m, torch.nn.Dropout)]:
+            dropout.forward = tracing._native_dropout(dropout)  # type: ignore[method-assign]
+        decoder = ddp.module.decoder
+        for layer in decoder.layers:
+            layer.self_attention.core_attention = _OneOpCoreAttention()
+        decoder.final_layernorm = None
+        x = torch.randn(TOKENS, BATCH, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+        return cls(ddp, decoder, x)
+
+    def forward(self, checkpointed: bool) -> torch.Tensor:
+        self.decoder.config.recompute_granularity = "full" if checkpointed else None
+        return self.decoder(hidden_states=self.x, attention_mask=None)
+
+    def step(self, checkpointed: bool) -> None:
+        self.forward(checkpointed).sum().backward()
+
+
 def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
     """Median microseconds of `fn` after a warm-up (TorchScript specialises on the first calls)."""
     for _ in range(5):
@@ -515,8 +711,18 @@ class Replay:
         return round(us / self.op_us)
 
 
+MEGATRON_CORE = "megatron-core"
+"""megatron-core's own block (:class:`MegatronCoreStack`), beside the replicas of :data:`BLOCKS`."""
+
+
+def _stack(framework: str, layers: int) -> Stack | MegatronCoreStack:
+    if framework == MEGATRON_CORE:
+        return MegatronCoreStack.build(layers)
+    return Stack.build(layers, framework=framework)
+
+
 def measure(layers: int, repeats: int, rounds: int = 5, framework: str = "megatron-deepspeed") -> Replay:
-    """Time the replica on this core (one thread) with the probe's chain beside it: `rounds`
+    """Time the block on this core (one thread) with the probe's chain beside it: `rounds`
     rounds of all four, each figure the median over rounds, so drift in the core's speed
     (a shared or virtual machine) moves the op and the block alike."""
     from axoplan.executor.probe import host_op_us_measured
@@ -524,18 +730,42 @@ def measure(layers: int, repeats: int, rounds: int = 5, framework: str = "megatr
     torch.set_num_threads(1)
     torch._C._jit_set_profiling_mode(False)  # as megatron/model/transformer.py sets at import
     torch._C._jit_set_profiling_executor(False)
-    stack = Stack.build(layers, framework=framework)
+    on_cpu = _megatron_core_on_cpu(layers) if framework == MEGATRON_CORE else contextlib.nullcontext()
     cpu = torch.device("cpu")
     samples: list[tuple[float, float, float, float]] = []
-    for _ in range(rounds):
-        samples.append((
-            host_op_us_measured(cpu, torch.float32, repeats),
-            _per_call_us(lambda: stack.forward(False), repeats) / layers,
-            _per_call_us(lambda: stack.step(False), repeats) / layers,
-            _per_call_us(lambda: stack.step(True), repeats) / layers,
-        ))
+    with on_cpu:
+        stack = _stack(framework, layers)
+        for _ in range(rounds):
+            samples.append((
+                host_op_us_measured(cpu, torch.float32, repeats),
+                _per_call_us(lambda: stack.forward(False), repeats) / layers,
+                _per_call_us(lambda: stack.step(False), repeats) / layers,
+                _per_call_us(lambda: stack.step(True), repeats) / layers,
+            ))
     op, fwd, plain, ckpt = (statistics.median(column) for column in zip(*samples, strict=True))
     return Replay(op, fwd, plain, ckpt)
+
+
+def _refuse_without_megatron_core() -> None:
+    if importlib.util.find_spec("megatron") is None:
+        raise SystemExit("--framework megatron-core replays megatron-core's own code, which is not installed here: "
+                         "install megatron-core==0.16.1 (without TransformerEngine or apex, which need CUDA)")
+
+
+def _print_profile(framework: str, r: Replay) -> None:
+    """The figures as the framework's profile takes them: a counted profile's ``block`` host ops (whole
+    op-equivalents), or a ledger profile's ``host_replay`` (frameworks/megatron-lm.yaml)."""
+    if framework == MEGATRON_CORE:
+        print("op-equivalents (frameworks/megatron-lm.yaml):")
+        print("  host_replay:")
+        print(f"    forward: {r.forward_us / r.op_us:.1f}")
+        print(f"    backward: {r.backward_us / r.op_us:.1f}")
+        print(f"    recompute_extra: {r.recompute_extra_us / r.op_us:.1f}")
+        return
+    print(f"op-equivalents (frameworks/{framework}.yaml):")
+    print(f"  block.forward.host_ops: {r.op_equivalents(r.forward_us)}")
+    print(f"  block.backward.host_ops: {r.op_equivalents(r.backward_us)}")
+    print(f"  block.recompute_extra_host_ops: {r.op_equivalents(r.recompute_extra_us)}")
 
 
 def main() -> None:
@@ -543,8 +773,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--framework", choices=sorted(BLOCKS), default="megatron-deepspeed")
+    parser.add_argument("--framework", choices=[*sorted(BLOCKS), MEGATRON_CORE], default="megatron-deepspeed")
     args = parser.parse_args()
+    if args.framework == MEGATRON_CORE:
+        _refuse_without_megatron_core()
     from axoplan.executor.hardware import environment, summary_lines
 
     print("\n".join(summary_lines(environment())))  # the core the times below belong to
@@ -555,10 +787,7 @@ def main() -> None:
     print(f"block step, plain:          {r.plain_step_us:8.1f} us")
     print(f"block step, checkpointed:   {r.checkpointed_step_us:8.1f} us")
     print(f"checkpoint beyond 2nd fwd:  {r.recompute_extra_us:8.1f} us")
-    print(f"op-equivalents (frameworks/{args.framework}.yaml):")
-    print(f"  block.forward.host_ops: {r.op_equivalents(r.forward_us)}")
-    print(f"  block.backward.host_ops: {r.op_equivalents(r.backward_us)}")
-    print(f"  block.recompute_extra_host_ops: {r.op_equivalents(r.recompute_extra_us)}")
+    _print_profile(args.framework, r)
 
 
 if __name__ == "__main__":
