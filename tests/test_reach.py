@@ -131,6 +131,23 @@ def test_a_sequence_beyond_the_attention_curve_widens_by_share_slope_and_doublin
     assert reaches(GPT2, _options(seq_len=32768), machine, cols, 2) == ()
 
 
+def test_the_sequence_reach_follows_the_attention_kernel_the_ledger_runs() -> None:
+    """torchtitan's ledger runs FlashAttention-2 (its curve: 0.187 at 1,024 and 0.239 at 2,048 tokens on the H100),
+    not SDPA's cuDNN pick; llm-foundry's runs the run's --attention, and flash-triton has no measured curve on the
+    H100 (a flat figure): no sequence reach from a curve it does not run."""
+    machine = load_machine("dgx-h100")
+    cols = {"t_step_s": np.array([1.0]), "t_class_attention_s": np.array([0.5])}
+    llama = PRESETS["llama3.1-8B"]
+    titan = [r for r in reaches(llama, _options("torchtitan", 512), machine, cols, 1) if r.by_share]
+    assert [r.what for r in titan] == ["sequence 512 below flash attention's measured 1,024"]
+    assert titan[0].sigma == pytest.approx([0.5 * math.log(0.239 / 0.187)])
+    mpt = ModelSpec(name="mpt-1b", num_layers=24, hidden=2048, num_heads=16, vocab=50368, max_positions=2048,
+                    ffn_kind="gelu", biases=True, tied_embeddings=True, family="mpt")
+    triton = RunOptions(global_batch=4, seq_len=512, micro_batches=(4,), framework="pytorch-fsdp",
+                        attention="flash-triton")
+    assert not [r for r in reaches(mpt, triton, machine, cols, 1) if r.by_share]
+
+
 def test_reaches_add_in_quadrature_and_a_calibrated_machine_is_not_widened() -> None:
     b200 = load_machine("dgx-b200")
     unnamed = GPT2.model_copy(update={"family": None})

@@ -45,15 +45,15 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.errors import AxoplanError
-from axoplan.inputs.machine import Machine
+from axoplan.inputs.machine import AttentionCurve, Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.schema import shipped_folder
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import activation_split
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
-           "ledger_family", "attention_efficiency", "ledger_class_columns", "shipped_family", "per_step_s",
-           "traced_for", "sync_stall_s", "NOT_KERNELS", "OpRow", "op_rows"]
+           "ledger_family", "attention_curve", "attention_efficiency", "ledger_class_columns", "shipped_family",
+           "per_step_s", "traced_for", "sync_stall_s", "NOT_KERNELS", "OpRow", "op_rows"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -259,18 +259,27 @@ CURVE_OF_KERNEL = {"flash-triton": "triton"}
 """A ``--attention`` kernel's name among a machine's measured curves (``kernels.attention``), where it differs."""
 
 
-def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) -> float:
-    """The backend's measured fraction of peak at `seq_len` (log2-interpolated, flat beyond the ends); without a
-    measured curve, the machine's flat figure for it (``attention_triton_efficiency`` for ``flash-triton`` where
-    given, else ``attention_efficiency``). `backend`: a ``--attention`` kernel or a curve's name; None: SDPA's pick
-    on the device (``kernels.default_attention``)."""
+def attention_curve(machine: Machine, backend: str | None) -> tuple[str, AttentionCurve] | None:
+    """The measured curve (its name and points) `backend` runs on `machine`, or None where the machine measured
+    none for it. `backend`: a ``--attention`` kernel or a curve's name; None: SDPA's pick on the device
+    (``kernels.default_attention``)."""
     kernels = machine.kernels
     name = CURVE_OF_KERNEL.get(backend, backend) if backend else (kernels.default_attention if kernels else None)
     if kernels is None or name is None or name not in kernels.attention:
+        return None
+    return name, kernels.attention[name]
+
+
+def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) -> float:
+    """The backend's measured fraction of peak at `seq_len` (log2-interpolated, flat beyond the ends,
+    :func:`attention_curve`); without a measured curve, the machine's flat figure for it
+    (``attention_triton_efficiency`` for ``flash-triton`` where given, else ``attention_efficiency``)."""
+    found = attention_curve(machine, backend)
+    if found is None:
         if backend == "flash-triton" and machine.attention_triton_efficiency is not None:
             return machine.attention_triton_efficiency
         return machine.attention_efficiency
-    curve = kernels.attention[name]
+    curve = found[1]
     return float(np.interp(math.log2(seq_len), np.log2(np.array(curve.seq, dtype=np.float64)), curve.efficiency))
 
 

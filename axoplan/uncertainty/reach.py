@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
+    from axoplan.inputs.framework import FrameworkProfile
     from axoplan.inputs.machine import Machine
     from axoplan.inputs.model import ModelSpec
     from axoplan.inputs.options import RunOptions
@@ -72,10 +73,12 @@ SIGMA_FAMILY = 0.22
 
 @dataclass(frozen=True, slots=True)
 class Reach:
-    """One way a prediction reaches beyond what was measured: what, and its relative sigma per candidate."""
+    """One way a prediction reaches beyond what was measured: what, and its relative sigma per candidate;
+    `by_share`: the sigma scales with a class's share of the step, so it needs the candidates' prediction columns."""
 
     what: str
     sigma: Floats
+    by_share: bool = False
 
 
 def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
@@ -107,11 +110,11 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
     if family is None or used != family:
         named = f"model family {family} not" if family else "no model family"
         found.append(flat(f"{named} traced, priced with {used}'s op list", SIGMA_FAMILY))
-    beyond = beyond_attention_curve(machine, options.seq_len)
+    beyond = beyond_attention_curve(machine, options.seq_len, _attention_run(profile, machine, used, options))
     if beyond is not None:
         what, per_doubling = beyond
         share = np.ones(size) if columns is None else _attention_share(columns)
-        found.append(Reach(what, share * per_doubling))
+        found.append(Reach(what, share * per_doubling, by_share=True))
     return tuple(found)
 
 
@@ -124,14 +127,26 @@ def _traced_for(model: ModelSpec, ledger: str) -> str:
     return shipped_family(ledger, ledger_family(model))
 
 
-def beyond_attention_curve(machine: Machine, seq_len: int) -> tuple[str, float] | None:
+def _attention_run(profile: FrameworkProfile, machine: Machine, family: str, options: RunOptions) -> str | None:
+    """The attention kernel the profile's ledger runs for these options (``Ledger.attention_kernel``): the one its
+    code names, the run's ``--attention``, or None for SDPA's pick on the device."""
+    from axoplan.cost.ledger import load_ledger
+
+    name = profile.ledger_for(machine.device.kind)
+    assert name is not None
+    return load_ledger(name, family).attention_kernel(options.attention)
+
+
+def beyond_attention_curve(machine: Machine, seq_len: int, backend: str | None = None) -> tuple[str, float] | None:
     """(what, sigma per unit of attention share) where `seq_len` lies beyond the ends of the attention curve the
-    ledger prices with (the device's default backend), else None."""
-    kernels = machine.kernels
-    if kernels is None or kernels.default_attention not in kernels.attention:
+    ledger prices with (`backend`'s, :func:`axoplan.cost.ledger.attention_curve`; None: the device's default
+    backend), else None."""
+    from axoplan.cost.ledger import attention_curve
+
+    found = attention_curve(machine, backend)
+    if found is None:
         return None
-    assert kernels.default_attention is not None
-    curve = kernels.attention[kernels.default_attention]
+    name, curve = found
     seq, eff = curve.seq, curve.efficiency
     if len(seq) < 2 or seq[0] <= seq_len <= seq[-1]:
         return None
@@ -140,7 +155,7 @@ def beyond_attention_curve(machine: Machine, seq_len: int) -> tuple[str, float] 
     slope = abs(math.log(e1 / e0)) / math.log2(s1 / s0)
     doublings = abs(math.log2(seq_len / (seq[0] if low else seq[-1])))  # beyond the end
     end = seq[0] if low else seq[-1]
-    where = f"{'below' if low else 'above'} {kernels.default_attention} attention's measured {end:,}"
+    where = f"{'below' if low else 'above'} {name} attention's measured {end:,}"
     return f"sequence {seq_len:,} {where}", slope * doublings
 
 

@@ -113,7 +113,7 @@ def format_coverage(c: Coverage, per_scenario: bool = True) -> str:
 def plan_reach_sigma(plans: Sequence[LaunchConfig], machine: Machine) -> np.ndarray:
     """:func:`reach_sigma` for each of `plans` (measured plans of any models and options)."""
     from axoplan.cost.model import predict
-    from axoplan.uncertainty.reach import beyond_attention_curve, reach_sigma, reaches
+    from axoplan.uncertainty.reach import reach_sigma, reaches
     from axoplan.validate.compare import plan_candidates
 
     out = np.empty(len(plans))
@@ -123,7 +123,7 @@ def plan_reach_sigma(plans: Sequence[LaunchConfig], machine: Machine) -> np.ndar
     for idx in groups.values():
         first = plans[idx[0]]
         found = reaches(first.model, first.options, machine, size=len(idx))
-        if beyond_attention_curve(machine, first.options.seq_len) is not None:  # its share needs the prediction
+        if any(r.by_share for r in found):  # its share of the step needs the prediction
             cols = predict(first.model, machine, first.options, plan_candidates([plans[i] for i in idx])).columns
             found = reaches(first.model, first.options, machine, cols, len(idx))
         out[idx] = reach_sigma(machine, found, len(idx))
