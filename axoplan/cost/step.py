@@ -20,7 +20,7 @@ from axoplan.cost.memory import replicated_params, sharded_params
 from axoplan.cost.scale import interference_s, straggler_factor
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.inputs.axes import AXES
-from axoplan.inputs.framework import FrameworkProfile
+from axoplan.inputs.framework import FrameworkProfile, load_framework
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
@@ -53,10 +53,21 @@ def compute_columns(
             moved = moved * dilation
         gemm, other = gemm + moved, other - moved
     else:
-        optimizer = memory_bound_s(machine, params * 30.0)
+        optimizer = memory_bound_s(machine, params * 30.0) / _optimizer_shards(c, options)
     if dilation is not None:
         optimizer = optimizer * dilation
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
+
+
+def _optimizer_shards(c: Candidates, options: RunOptions | None) -> Floats | float:
+    """Over how many GPUs a counted profile's optimizer step is split: ``Gdata`` where its optimizer states are
+    sharded over data (ZeRO stage 1, Megatron's distributed optimizer: each data-parallel rank updates its ``1/d``
+    of the fp32 master weights and moments, then the weights are all-gathered; Rajbhandari et al., ZeRO, SC'20,
+    §5.1), else 1 (the memory rule's ``optimizer.sharded_over_data``, one fact for memory and time). A ledger's
+    optimizer bytes are not split by what runs on the shard, so a ledger profile keeps the whole step."""
+    if options is None or not load_framework(options.framework).memory.optimizer.sharded_over_data:
+        return 1.0
+    return c.gdata.astype(np.float64)
 
 
 def optimizer_params(model: ModelSpec, c: Candidates, options: RunOptions | None = None) -> Floats:

@@ -1,5 +1,6 @@
-"""A ledger profile's replayed host work (``FrameworkProfile.host_replay``): the blocks' host op-equivalents as
-measured by replaying the framework's Python, in place of the ledger's count of aten ops."""
+"""Rules a framework profile sets for the step: a ledger profile's replayed host work (``FrameworkProfile.host_replay``:
+the blocks' host op-equivalents as measured by replaying the framework's Python, in place of the ledger's count of
+aten ops), and an optimizer step split over data where the profile's optimizer states are."""
 
 from __future__ import annotations
 
@@ -49,3 +50,25 @@ def test_host_replay_needs_a_ledger() -> None:
     counted = load_framework("megatron-deepspeed").model_dump()
     with pytest.raises(ValidationError, match="host_replay replaces a ledger's host op count"):
         FrameworkProfile.model_validate({**counted, "host_replay": {"forward": 1.0, "backward": 1.0}})
+
+
+def test_a_counted_profile_with_optimizer_states_sharded_over_data_steps_its_shard_only() -> None:
+    """ZeRO-1 (Megatron-DeepSpeed's memory rule): each data-parallel rank updates 1/Gdata of the master weights and
+    moments, so its optimizer step takes 1/Gdata of the time a framework without the sharding (AxoNN) takes on the
+    same parameters; on one rank the two are the same."""
+    from axoplan.cost.model import predict
+    from axoplan.inputs.options import RunOptions
+
+    machine = load_machine("dgx-a100")
+
+    def optimizer_s(framework: str, layout: Layout) -> float:
+        options = RunOptions(global_batch=16, seq_len=1024, micro_batches=(1,), framework=framework,
+                             recompute="on", cache_weights="off")
+        c = Candidates.single(layout, 1, True, False)
+        return float(predict(MODEL, machine, options, c).columns["t_optimizer_s"][0])
+
+    for gdata in (1, 4):
+        layout = Layout(1, 1, 1, gdata)
+        assert optimizer_s("megatron-deepspeed", layout) * gdata == pytest.approx(optimizer_s("axonn", layout))
+    assert load_framework("megatron-deepspeed").memory.optimizer.sharded_over_data
+    assert not load_framework("axonn").memory.optimizer.sharded_over_data
