@@ -2,6 +2,7 @@
 
     python benchmarks/host_replay.py [--framework megatron-deepspeed|axonn] [--repeats 40] [--layers 8]
     PYTHONPATH=. python benchmarks/host_replay.py --framework megatron-core  # in a venv with megatron-core 0.16.1
+    python benchmarks/host_replay.py --framework axoplan-executor  # axoplan's own executor
 
 A framework profile (`frameworks/<name>.yaml`) prices the host side of a block in
 *op-equivalents*: the block's host time divided by the host time of one op of `axoplan
@@ -52,6 +53,17 @@ the GPT block rather than Megatron's code (``VIA-Research/vTrain``, ``src/model/
   DDP runs without ``overlap_grad_reduce`` (the builder's choice): its hook's
   ``register_grad_ready`` is not timed. Everything else is megatron-core's Python as it runs.
 
+* ``axoplan-executor``: not a replica but axoplan's own executor (``frameworks/axoplan-executor.yaml``): the blocks
+  of the ``GPT`` that ``axoplan.executor.train.build_model`` builds for a ``1x1x1x1`` plan on ``layers.MegatronPath``
+  (native engine, OAR/ORS/OAG on as in the H100 records' plans), in a world of one on gloo, float32, run through
+  ``GPT._run_block`` (plain, or its non-reentrant checkpoint). Where a GPU runs a different Python path, the CPU
+  runs the GPU's: the ``PhaseTimer`` is made for a CUDA device (a pair of events around each span, kept for the
+  iteration's ``collect``, in place of ``time.perf_counter``), its ``torch.cuda.Event`` a Python object whose
+  ``record`` is empty (the driver call is not replayed: a lower bound). In float32 the layer norm's ``.float()``
+  and ``.to(x.dtype)`` return their input, where bf16 on a GPU copies (ops the ledger counts, lower here). The
+  timer's reset and ``zero_grad`` run once per step, untimed. Recompute exists (the path's checkpoint with
+  ``Runtime.recomputing``), so its extra is measured.
+
 The replicas run on the CPU, so what only a GPU does is left out, not estimated: the CUDA
 launch (priced per kernel by ``host.launch_us``), NVTX ranges, einops' pattern handling (its
 rearranges are transposes here), the CPU's 5 kB RNG state against CUDA's 16 bytes, and
@@ -74,6 +86,7 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -677,12 +690,108 @@ class MegatronCoreStack:
         self.forward(checkpointed).sum().backward()
 
 
-def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
-    """Median microseconds of `fn` after a warm-up (TorchScript specialises on the first calls)."""
+class _HostEvent:
+    """``torch.cuda.Event`` as the executor's ``PhaseTimer`` uses it on a GPU (``axoplan/executor/timing.py``): made
+    and recorded around every span. ``cudaEventRecord`` itself (a driver call, no aten op) is not replayed: an empty
+    method stands for it, so the timer's part is a lower bound."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: object = None) -> None:
+        """The driver call, not replayed (class docstring)."""
+
+
+@contextlib.contextmanager
+def _executor_on_cpu() -> Iterator[None]:
+    """A world of one on gloo (as ``axoplan run`` starts a ``1x1x1x1`` plan on the CPU), and the GPU run's Python
+    path for the executor's phase timing: ``build_model``'s ``PhaseTimer`` made for a CUDA device (a pair of events
+    per span, kept for the iteration's ``collect``, not ``time.perf_counter``), its events :class:`_HostEvent`."""
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    import axoplan.executor.train as train
+    from axoplan.executor.timing import PhaseTimer
+
+    def gpu_timer(device: torch.device, enabled: bool = True) -> PhaseTimer:
+        return PhaseTimer(torch.device("cuda"), enabled)
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with mock.patch.object(train, "PhaseTimer", gpu_timer), mock.patch.object(torch.cuda, "Event", _HostEvent):
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass
+class ExecutorStack:
+    """axoplan's own executor (``frameworks/axoplan-executor.yaml``): the ``GPT`` of ``layers.MegatronPath`` that
+    ``axoplan.executor.train.build_model`` builds for a ``1x1x1x1`` plan (native engine; OAR, ORS and OAG on, as in
+    the plans of data/measured/gpu-h100-h200/axoplan-measure-gpu-h100/runs.jsonl, so the backward takes the
+    dW-first branch of ``_Linear4DFn``; float32 on the CPU), of which only the blocks run, through
+    ``GPT._run_block`` (plain, or the path's non-reentrant checkpoint with ``Runtime.recomputing``), each linear a
+    ``Linear`` around a ``Linear4D`` (``_Linear4DFn``, the weight gatherer, the timer's ``gemm`` span, the identity
+    collectives of groups of one). Runs and is timed inside :func:`_executor_on_cpu`."""
+
+    model: Any  # axoplan.executor.model.GPT
+    rt: Any  # axoplan.executor.linear4d.Runtime
+    x: torch.Tensor
+
+    @classmethod
+    def build(cls, layers: int, seed: int = 0) -> ExecutorStack:
+        from axoplan.executor.spec import ExecSettings
+        from axoplan.executor.train import build_model
+        from axoplan.inputs.model import ModelSpec
+        from axoplan.inputs.options import RunOptions
+        from axoplan.records.plan import LaunchConfig
+        from axoplan.space.layout import Layout
+
+        spec = ModelSpec(name="replay", num_layers=layers, hidden=HIDDEN, num_heads=HEADS, vocab=64,
+                         max_positions=TOKENS)
+        options = RunOptions(global_batch=BATCH, seq_len=TOKENS, micro_batches=(BATCH,), overlap_all_reduce=True,
+                             overlap_reduce_scatter=True, overlap_all_gather=True)  # as the H100 records' plans
+        plan = LaunchConfig.build(machine="local-cpu", devices_per_node=1, model=spec, options=options,
+                                  layout=Layout(1, 1, 1, 1), micro_batch=BATCH, recompute=False, cache_weights=False)
+        settings = ExecSettings(device="cpu", dtype="float32", seed=seed)
+        model, rt = build_model(plan, settings, torch.device("cpu"))
+        torch.manual_seed(seed)
+        return cls(model, rt, torch.randn(BATCH * TOKENS, HIDDEN, requires_grad=True))
+
+    def forward(self, checkpointed: bool) -> torch.Tensor:
+        """The blocks as ``GPT.forward`` runs them, on the forward's phase (``train._step``)."""
+        model = self.model
+        model.path.recompute = "checkpoint" if checkpointed else "off"
+        self.rt.phase = "forward"
+        h = self.x
+        for block in model.blocks:
+            h = model._run_block(block, h, BATCH, TOKENS)
+        return h
+
+    def step(self, checkpointed: bool) -> None:
+        self.forward(checkpointed).sum().backward()
+
+    def before_step(self) -> None:
+        """Once per iteration in ``train.run_rank``/``_step``, untimed here: the timer's reset (its events) and the
+        optimizer's ``zero_grad`` (gradients set to None, so the backward's first accumulation is no add)."""
+        self.rt.timer.reset()
+        for p in self.model.parameters():
+            p.grad = None
+        self.x.grad = None
+
+
+def _per_call_us(fn: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
+    """Median microseconds of `fn` after a warm-up (TorchScript specialises on the first calls); `before`, where
+    given, runs ahead of each call untimed (what a training step does once per step, not per block)."""
     for _ in range(5):
+        if before is not None:
+            before()
         fn()
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -713,12 +822,26 @@ class Replay:
 
 MEGATRON_CORE = "megatron-core"
 """megatron-core's own block (:class:`MegatronCoreStack`), beside the replicas of :data:`BLOCKS`."""
+EXECUTOR = "axoplan-executor"
+"""axoplan's own executor's block (:class:`ExecutorStack`), its own code."""
+OWN_CODE = (MEGATRON_CORE, EXECUTOR)
+"""The frameworks replayed from their own code, whose figures are a ledger profile's ``host_replay``."""
 
 
-def _stack(framework: str, layers: int) -> Stack | MegatronCoreStack:
+def _stack(framework: str, layers: int) -> Stack | MegatronCoreStack | ExecutorStack:
     if framework == MEGATRON_CORE:
         return MegatronCoreStack.build(layers)
+    if framework == EXECUTOR:
+        return ExecutorStack.build(layers)
     return Stack.build(layers, framework=framework)
+
+
+def _on_cpu(framework: str, layers: int) -> contextlib.AbstractContextManager[None]:
+    if framework == MEGATRON_CORE:
+        return _megatron_core_on_cpu(layers)
+    if framework == EXECUTOR:
+        return _executor_on_cpu()
+    return contextlib.nullcontext()
 
 
 def measure(layers: int, repeats: int, rounds: int = 5, framework: str = "megatron-deepspeed") -> Replay:
@@ -730,17 +853,17 @@ def measure(layers: int, repeats: int, rounds: int = 5, framework: str = "megatr
     torch.set_num_threads(1)
     torch._C._jit_set_profiling_mode(False)  # as megatron/model/transformer.py sets at import
     torch._C._jit_set_profiling_executor(False)
-    on_cpu = _megatron_core_on_cpu(layers) if framework == MEGATRON_CORE else contextlib.nullcontext()
     cpu = torch.device("cpu")
     samples: list[tuple[float, float, float, float]] = []
-    with on_cpu:
+    with _on_cpu(framework, layers):
         stack = _stack(framework, layers)
+        before = getattr(stack, "before_step", None)
         for _ in range(rounds):
             samples.append((
                 host_op_us_measured(cpu, torch.float32, repeats),
-                _per_call_us(lambda: stack.forward(False), repeats) / layers,
-                _per_call_us(lambda: stack.step(False), repeats) / layers,
-                _per_call_us(lambda: stack.step(True), repeats) / layers,
+                _per_call_us(lambda: stack.forward(False), repeats, before) / layers,
+                _per_call_us(lambda: stack.step(False), repeats, before) / layers,
+                _per_call_us(lambda: stack.step(True), repeats, before) / layers,
             ))
     op, fwd, plain, ckpt = (statistics.median(column) for column in zip(*samples, strict=True))
     return Replay(op, fwd, plain, ckpt)
@@ -755,8 +878,8 @@ def _refuse_without_megatron_core() -> None:
 def _print_profile(framework: str, r: Replay) -> None:
     """The figures as the framework's profile takes them: a counted profile's ``block`` host ops (whole
     op-equivalents), or a ledger profile's ``host_replay`` (frameworks/megatron-lm.yaml)."""
-    if framework == MEGATRON_CORE:
-        print("op-equivalents (frameworks/megatron-lm.yaml):")
+    if framework in OWN_CODE:
+        print(f"op-equivalents (frameworks/{'megatron-lm' if framework == MEGATRON_CORE else framework}.yaml):")
         print("  host_replay:")
         print(f"    forward: {r.forward_us / r.op_us:.1f}")
         print(f"    backward: {r.backward_us / r.op_us:.1f}")
@@ -773,7 +896,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--framework", choices=[*sorted(BLOCKS), MEGATRON_CORE], default="megatron-deepspeed")
+    parser.add_argument("--framework", choices=[*sorted(BLOCKS), *OWN_CODE], default="megatron-deepspeed")
     args = parser.parse_args()
     if args.framework == MEGATRON_CORE:
         _refuse_without_megatron_core()
