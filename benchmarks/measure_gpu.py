@@ -25,8 +25,8 @@ On a node with N GPUs (one is enough) this does, in order:
    ``axoplan.executor.hardware``) and the GPU's name, GPU count, Python / torch / CUDA / NCCL /
    transformers versions, host, start and end time, the command line, and for every file written how it
    was made (``files``), i.e. where and how the data was taken;
-6. prints ``axoplan validate OUT/runs.jsonl`` against MACHINE, then with ``--probe OUT/probe.yaml`` (MACHINE as
-   step 1 measured this host).
+6. prints ``axoplan validate OUT/runs.jsonl`` against MACHINE, then on a GPU with ``--probe OUT/probe.yaml``
+   (MACHINE as step 1 measured this host).
 
 Nothing in OUT is overwritten: the script stops before any work if one of its files exists there. The
 default models (4 layers, hidden 2048 and 4096, head dimension 128, sequence 2048, global batch 8,
@@ -166,7 +166,8 @@ def main() -> None:
     env_path.write_text(json.dumps(env, indent=2) + "\n")
     rehearsal = ["--any-device"] if args.device == "cpu" else []  # CPU ranks standing in for the GPUs
     subprocess.run(axoplan("validate", str(runs), "--machine", args.machine, *rehearsal), check=True)
-    if probe.exists():  # the same runs on the machine as this host measured it
+    if probe.exists() and args.device != "cpu":  # the same runs on the machine as this host measured it (a CPU
+        # rehearsal's probe measured CPU ranks, which no GPU machine is)
         subprocess.run(axoplan("validate", str(runs), "--machine", args.machine, "--probe", str(probe), *rehearsal),
                        check=True)
 
