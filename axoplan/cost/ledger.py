@@ -73,6 +73,12 @@ class Term:
     axis: str | None = None  # a block's activation axis on the Megatron path (x: hidden features, y: heads, FFN)
 
     @property
+    def per_logit(self) -> bool:
+        """Tokens times the vocabulary in it: the logits or the loss's copies of them."""
+        names = {s for s, _ in self.exps}
+        return {"B", "S", "V"} <= names
+
+    @property
     def parameter_shaped(self) -> bool:
         """No tokens in it: a weight, a gradient or a bias (the GPU's block of a 4D-sharded one)."""
         return not any(s in ("B", "S") for s, _ in self.exps)
@@ -195,7 +201,8 @@ class LedgerCost:
     """A priced ledger for every candidate, per micro-batch (the optimizer per step).
 
     ``seconds[(scope, class)]``: device seconds of that class in that scope (a block scope: one block);
-    ``kernels`` and ``host_ops`` per scope (one block for the block scopes); ``saved_bytes`` per scope."""
+    ``kernels`` and ``host_ops`` per scope (one block for the block scopes); ``saved_bytes`` per scope, and
+    ``rest_forward_logits``: the part of the rest's that is per logit (tokens times the vocabulary)."""
 
     seconds: dict[tuple[str, str], Floats]
     kernels: dict[str, float]
@@ -311,6 +318,8 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
             key = (scope, op.op_class)
             seconds[key] = seconds.get(key, 0.0) + t
     saved = {scope: _evaluate(terms, pricer.sym, pricer.shard) for scope, terms in ledger.saved.items()}
+    saved["rest_forward_logits"] = _evaluate(tuple(t for t in ledger.saved.get("rest_forward", ()) if t.per_logit),
+                                             pricer.sym, pricer.shard)  # the part a chunked loss keeps 1/chunks of
     return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param)
 
 

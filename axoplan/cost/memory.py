@@ -20,7 +20,8 @@ Every figure is bytes per GPU for every candidate, from the framework's rules
   over Y; unfused attention adds ``(2 + 3·dropout)·heads·S`` (softmax output, dropout mask and
   output). Flash attention keeps no ``S²`` scores (Dao et al. 2022). Under full recompute only
   each block's input (``2·H/Gx``) is kept, plus one block's working set.
-* **Logits**: ``tokens·V/Gy·logits_bytes`` while the loss runs.
+* **Logits**: ``tokens·V/Gy·logits_bytes`` while the loss runs, over ``loss_chunks`` where the loss runs a chunk of
+  the sequence at a time (torchtitan's ChunkedLossWrapper).
 * **The Hugging Face path** (``docs/algorithm.md`` §4b): activations at full width on the GPU's own tokens,
   plus the gathered input every linear's ``AsyncLinear`` keeps for its dW (``tokens·k·G_out`` elements:
   its rows gathered over X·Y, its features split over its in-axis group); logits of the whole vocabulary;
@@ -180,7 +181,7 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
         activations=(_activation_bytes(model, options, c, profile, tokens) if ledger is None
                      else _ledger_activation_bytes(model, c, profile, ledger, tokens)),
         logits=tokens * vocab_rows(model, c) / activation_split(c.gx, c.gy, options.hf_path)[1].astype(np.float64)
-        * rules.logits_bytes,
+        * rules.logits_bytes / rules.loss_chunks,
         gradients_apart=gradients_apart(options, c, profile),
     )
 
@@ -255,11 +256,14 @@ def _ledger_activation_bytes(model: ModelSpec, c: Candidates, profile: Framework
                              tokens: Floats) -> Floats:
     """What autograd keeps, from the ledger's saved tensors (traced with saved-tensor hooks, each storage once):
     every block's, and the rest of the forward's (embeddings, final norm, the LM head's weight copy, the loss's
-    fp32 log-probabilities). Under full recompute a block keeps only its input (the residual stream, in the dtype
+    fp32 log-probabilities, of which a loss run in ``memory.loss_chunks`` chunks keeps one chunk's at a time). Under
+    full recompute a block keeps only its input (the residual stream, in the dtype
     the forward runs the embedding in: ``memory.residual_bytes``, else the weights': fp32 under autocast) and one
     block's working set is alive at a time."""
     block, rest = ledger.saved_bytes.get("block_forward", 0.0 * tokens), ledger.saved_bytes.get("rest_forward", 0.0)
     rules = profile.memory
+    per_logit = ledger.saved_bytes.get("rest_forward_logits", 0.0)
+    rest = rest - per_logit * (1.0 - 1.0 / rules.loss_chunks)  # a chunked loss keeps one chunk's
     residual = rules.residual_bytes if rules.residual_bytes is not None else min(rules.weights.bytes_per_param, 4.0)
     checkpoint = tokens * model.hidden * residual
     full = model.num_layers * block + rest

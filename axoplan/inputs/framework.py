@@ -104,6 +104,10 @@ class MemoryRules(Frozen):
     dropout: bool = Field(True, description="Dropout after attention and MLP keeps a 1-byte mask per element.")
     logits_bytes: PositiveInt = Field(
         6, description="Bytes per logit alive at the loss's peak: bf16 logits plus the loss's copies.")
+    loss_chunks: PositiveInt = Field(
+        1, description="The loss runs over the sequence in this many chunks, each chunk's LM head, loss and backward "
+        "before the next (torchtitan's ChunkedLossWrapper), so 1/chunks of the logits and of the loss's saved copies "
+        "are alive at once.")
     gathered_units: PositiveInt = Field(
         2, description="Z-gathered weight units alive at once (the current one and one prefetched).")
     communicators: NonNegativeInt = Field(
