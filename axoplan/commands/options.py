@@ -311,5 +311,6 @@ TokensOpt = Annotated[str | None, typer.Option(
 MachineOpt = Annotated[str, typer.Option(
     "--machine", help="Shipped machine (see `axoplan machines`) or path to a machine YAML.")]
 ProbeOpt = Annotated[Path | None, typer.Option(
-    "--probe", help="The machine-YAML fragment `axoplan probe -o` wrote on the machine's own host: its host, GEMM "
-                    "and op-class measurements replace the machine's (marked measured).", show_default=False)]
+    "--probe", help="The machine-YAML fragment `axoplan probe -o` wrote on the node that runs (or ran) the "
+                    "training: its host, GEMM and op-class measurements replace the machine's (marked measured).",
+    show_default=False)]

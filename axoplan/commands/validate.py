@@ -4,7 +4,7 @@
     axoplan validate data/measured/vtrain_a100_single_node_pp1.csv --machine dgx-a100 --plots figs/
     axoplan validate data/measured/llm-foundry/runs-a100.csv --summary-only     # two machines, two sections
 
-Only typer and the standard library are imported here; the work is imported when the
+Only typer, the standard library and the shared option types are imported here; the work is imported when the
 command runs, so `axoplan --help` stays fast.
 """
 
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from axoplan.commands.options import ProbeOpt
 
 __all__ = ["validate", "resolve_machine", "machine_sections"]
 
@@ -42,10 +44,7 @@ def validate(
     any_device: Annotated[bool, typer.Option(
         "--any-device", help="Compare runs measured on another kind of device too (a CPU rehearsal of a GPU "
                              "plan); refused by default.")] = False,
-    probe: Annotated[Path | None, typer.Option(
-        "--probe", help="The machine-YAML fragment `axoplan probe -o` wrote on the host the runs ran on: its "
-                        "host, GEMM and op-class measurements replace each machine's (marked measured) before "
-                        "predicting.", show_default=False)] = None,
+    probe: ProbeOpt = None,
 ) -> None:
     """Compare measured seconds per iteration with the prediction for each run's plan.
 

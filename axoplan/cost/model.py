@@ -152,7 +152,7 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     n_micro, tokens = plan.n_micro, plan.tokens
     layers = price_layers(plan.layers, model, machine, options, c, groups, tokens, dilation, ledger)
     terms = collective_terms(layers, groups, options, c, model, n_micro, tokens, profile)
-    compute = compute_columns(layers, model, machine, c, n_micro, dilation, options, ledger, plan.params)
+    compute = compute_columns(layers, model, machine, c, n_micro, dilation, options, ledger, plan.params, profile)
     if "calls" not in plan.found:
         plan.found["calls"] = collective_calls(terms, n_micro)
     columns = step_columns(model, machine, options, c, groups, terms, compute, n_micro, profile, dilation, ledger,

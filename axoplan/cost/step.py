@@ -20,7 +20,7 @@ from axoplan.cost.memory import replicated_params, sharded_params
 from axoplan.cost.scale import interference_s, straggler_factor
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.inputs.axes import AXES
-from axoplan.inputs.framework import FrameworkProfile, load_framework
+from axoplan.inputs.framework import FrameworkProfile
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
@@ -34,14 +34,14 @@ Floats = npt.NDArray[np.float64]
 def compute_columns(
     layers: list[Layer], model: ModelSpec, machine: Machine, c: Candidates, n_micro: Floats,
     dilation: Floats | None = None, options: RunOptions | None = None, ledger: LedgerCost | None = None,
-    params: Floats | None = None,
+    params: Floats | None = None, profile: FrameworkProfile | None = None,
 ) -> dict[str, Floats]:
     """GEMM, non-GEMM and optimizer seconds per step (an expert linear's calls share its block's non-GEMM work:
     ``axoplan.cost.layers``). The optimizer is the ledger's where the framework has one, else 30 bytes per
     parameter at ``memory_efficiency`` (read and write the fp32 master, both moments and the gradient, write
     the bf16 weight). The ledger's own GEMMs (fp32 ones, which no 4D linear holds) came in with the block's
     other ops and are counted as GEMMs. `params`: the parameters a GPU updates (:func:`optimizer_params`), where
-    the caller has them."""
+    the caller has them; `profile`: the framework, whose counted optimizer may step a data shard only."""
     rec = c.recompute.astype(np.float64)
     gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
     other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
@@ -53,19 +53,19 @@ def compute_columns(
             moved = moved * dilation
         gemm, other = gemm + moved, other - moved
     else:
-        optimizer = memory_bound_s(machine, params * 30.0) / _optimizer_shards(c, options)
+        optimizer = memory_bound_s(machine, params * 30.0) / _optimizer_shards(c, profile)
     if dilation is not None:
         optimizer = optimizer * dilation
     return {"t_gemm_s": n_micro * gemm, "t_nongemm_s": n_micro * other, "t_optimizer_s": optimizer}
 
 
-def _optimizer_shards(c: Candidates, options: RunOptions | None) -> Floats | float:
+def _optimizer_shards(c: Candidates, profile: FrameworkProfile | None) -> Floats | float:
     """Over how many GPUs a counted profile's optimizer step is split: ``Gdata`` where its optimizer states are
     sharded over data (ZeRO stage 1, Megatron's distributed optimizer: each data-parallel rank updates its ``1/d``
     of the fp32 master weights and moments, then the weights are all-gathered; Rajbhandari et al., ZeRO, SC'20,
     §5.1), else 1 (the memory rule's ``optimizer.sharded_over_data``, one fact for memory and time). A ledger's
     optimizer bytes are not split by what runs on the shard, so a ledger profile keeps the whole step."""
-    if options is None or not load_framework(options.framework).memory.optimizer.sharded_over_data:
+    if profile is None or not profile.memory.optimizer.sharded_over_data:
         return 1.0
     return c.gdata.astype(np.float64)
 

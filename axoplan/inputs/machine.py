@@ -528,7 +528,8 @@ def load_machine(name_or_path: str | Path, fragment: Path | None = None) -> Mach
     data = load_yaml_mapping(path)
     if fragment is not None:
         check_readable(fragment, "probe fragment")
-        data = _as_measured(merge_fragment(data, load_yaml_mapping(fragment)), load_yaml_mapping(fragment))
+        measured = load_yaml_mapping(fragment)
+        data = _as_measured(merge_fragment(data, measured), measured)
         path = Path(f"{path} + {fragment}")
     if "launch_floor_us_per_layer" in data:
         raise AxoplanError(f"{path}: 'launch_floor_us_per_layer' is gone: the host floor now follows from kernel "
