@@ -74,7 +74,9 @@ def code_version(framework: str) -> dict[str, str]:
 TRACED = {
     "torchtitan": "torchtitan 0.3.0's own Llama 3 modules (torchtitan/models/llama3, models/common) and FSDP2's own "
                   "copy ops (torch.ops.fsdp); stand-ins: SDPA for its flex/varlen attention, unfused QKVLinear for "
-                  "the fused wqkv, one op each way for CUDA's fused RMSNorm (tracing.torchtitan.build_torchtitan)",
+                  "the fused wqkv, one op each way for CUDA's fused RMSNorm (tracing.torchtitan.build_torchtitan); "
+                  "block_recompute under its own SelectiveAC, its matmul count taken as the fused wqkv runs "
+                  "(tracing.torchtitan.trace_selective_recompute)",
     "llm-foundry": "llm-foundry 0.22.0's own MPT modules (llmfoundry/models/mpt/modeling_mpt.py, models/layers), "
                    "imported without the package __init__ (Composer's two imported names stubbed, never called); "
                    "stand-ins: SDPA for its Triton/flash attention, one op each way for flash-attn's fused "
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         base.update(NH=8, H=64)
     if args.family == "gpt-neox":  # rotary on a quarter of each head: whole even dimensions at every doubling
         base.update(H=64)
+    if args.family == "mixtral":  # its experts and experts per token are symbols too (tracing.hf.MOE_SYMBOLS)
+        base.update(E=hf.EXPERTS, K=hf.TOP_K)
     if args.framework == "megatron":  # every parameter a multiple of 64 elements, their sum of 128: no buffer padding
         base.update({"H": 64, "F": 64} if args.family == "gpt2" else {"H": 128})
     ledger = fit.derive(args.family, args.precision, base, args.framework)
@@ -150,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         **({"traced": TRACED[args.framework]} if args.framework in TRACED else {}),
         **({"attention": ATTENTION[args.framework]} if args.framework in ATTENTION else {}),
         "symbols": {"B": "micro-batch sequences", "S": "sequence length", "H": "hidden size", "NH": "attention heads",
-                    "KV": "key-value heads", "F": "FFN width", "V": "vocabulary"},
+                    "KV": "key-value heads", "F": "FFN width", "V": "vocabulary",
+                    **({"E": "experts", "K": "experts per token"} if "E" in base else {})},
         "base_dims": base,
-        **({"moe": {"experts": hf.EXPERTS, "top_k": hf.TOP_K}} if args.family == "mixtral" else {}),
+        **({"moe": {"experts": "E", "top_k": "K"}} if args.family == "mixtral" else {}),
         **ledger,
     }
     ledgers = Path(__file__).resolve().parents[1] / "frameworks" / "ledgers"

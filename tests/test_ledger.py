@@ -285,13 +285,32 @@ def test_transformers_experts_are_refused_where_axonn_would_have_to_shard_them()
             assert "not nn.Linear modules" in f.text(0, "moe")
 
 
-def test_a_mixture_the_ledger_was_not_traced_for_is_refused() -> None:
+def test_a_mixture_of_any_experts_and_top_k_is_priced_from_the_one_trace() -> None:
+    """transformers' grouped experts run the same ops for any number of experts and any top-k, so the Mixtral ledger
+    was traced with both as symbols (E, K). From 8 experts, top-2 to 64, top-8: the router's GEMM flops (2·T·H·E)
+    grow 8-fold, the expert GEMMs' (2·T·K·H·F and 2·T·K·F·H forward) 4-fold, and an fp32 grouped GEMM launches one
+    ``mm`` per expert (CUDA's fallback): 2 grouped calls per block forward, so 2 x 56 more kernels. A dense
+    ledger refuses a mixture in one line."""
     from axoplan.errors import AxoplanError
 
-    olmoe_like = MIXTRAL_S.model_copy(update={"moe": MoESpec(num_experts=64, top_k=8, expert_ffn_hidden=1024)})
-    options = RunOptions(global_batch=8, seq_len=2048, micro_batches=(8,), framework="hf-transformers")
-    with pytest.raises(AxoplanError, match="traced for 8 experts, top-2, not 64 experts, top-8"):
-        predict(olmoe_like, load_machine("dgx-h100"), options, Candidates.single(Layout(1, 1, 1, 1), 8, False, False))
+    ledger = load_ledger("hf-autocast", "mixtral")
+    assert ledger.moe and {"E", "K"} <= {s for op in ledger.ops("block_forward") for t in op.read for s, _ in t.exps}
+    sym8 = {"B": 1, "S": 2048, "H": 1024, "NH": 16, "KV": 8, "F": 3584, "V": 32000, "E": 8, "K": 2}
+    sym64 = dict(sym8, E=64, K=8)
+    gemms = [op for op in ledger.ops("block_forward") if op.op_class == "gemm"]
+    router = [op for op in gemms if any(dict(t.exps).get("E") for t in op.flops)]
+    experts = [op for op in gemms if op.grouped]
+    assert len(router) == 1 and len(experts) == 2
+    assert _value(router[0].flops, sym64) == 8 * _value(router[0].flops, sym8) == 8 * 2 * 2048 * 1024 * 8
+    for op in experts:
+        assert _value(op.flops, sym64) == 4 * _value(op.flops, sym8) == 4 * 2 * 2048 * 2 * 1024 * 3584 * (
+            2 if any(dict(t.exps).get("F") for t in op.write) else 1)
+    wide = MIXTRAL_S.model_copy(update={"moe": MoESpec(num_experts=64, top_k=8, expert_ffn_hidden=3584)})
+    c = Candidates.single(Layout(1, 1, 1, 1), 8, False, False)
+    narrow_cost, wide_cost = (price_ledger(ledger, load_machine("dgx-h100"), m, 2048, c) for m in (MIXTRAL_S, wide))
+    assert wide_cost.kernels["block_forward"] - narrow_cost.kernels["block_forward"] == 2 * (64 - 8)
+    with pytest.raises(AxoplanError, match="traced for a dense model, not a mixture of experts"):
+        price_ledger(load_ledger("hf-autocast", "llama"), load_machine("dgx-h100"), MIXTRAL_S, 2048, c)
 
 
 def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_traced(tmp_path: Path) -> None:
@@ -523,12 +542,13 @@ def test_fp32_grouped_gemms_launch_one_mm_per_expert_as_the_profile_counts() -> 
         ledger = load_ledger(name, "mixtral")
         cost = price_ledger(ledger, load_machine("dgx-h100"), MIXTRAL_S, 2048,
                             Candidates.single(Layout(1, 1, 1, 1), 8, False, False))
-        gemms = sum(op.count * ledger.kernels_per_call(op) * (MIXTRAL_S.num_layers if scope.startswith("block") else 1)
+        layers = {scope: MIXTRAL_S.num_layers if scope.startswith("block") else 1 for scope in ledger.scopes}
+        gemms = sum(op.count * ledger.kernels_per_call(op, 8) * layers[scope]
                     for scope, ops in ledger.scopes.items() for op in ops
                     if op.op_class == "gemm" and not op.op.startswith("bmm"))  # the rotary table's bmm apart
         assert gemms == expected
         per_layer = sum(cost.kernels[s] for s in ("block_forward", "block_backward"))
-        assert per_layer >= sum(op.count * ledger.kernels_per_call(op) for s in ("block_forward", "block_backward")
+        assert per_layer >= sum(op.count * ledger.kernels_per_call(op, 8) for s in ("block_forward", "block_backward")
                                 for op in ledger.ops(s) if op.op_class == "gemm")
     assert mm_calls == 507
 

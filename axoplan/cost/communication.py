@@ -72,6 +72,7 @@ def _unit(name: str, parts: list[Layer], g: Groups, options: RunOptions, profile
     gathered = cast(Floats, sum(lay.bytes_block for lay in parts))
     grads = gathered / BYTES_BF16 * _rs_bytes(profile, options)
     return ZUnit(name=name, count=parts[0].count, recomputed=parts[0].spec.recomputed,
+                 regathered=profile.z_gather_unit != "block",  # FSDP: recompute runs on the backward's gather
                  ag_s=z.all_gather_s(gathered), rs_s=z.reduce_scatter_s(grads), ag_bytes=gathered,
                  rs_bytes=grads, compute_fwd_s=cast(Floats, sum(lay.compute_fwd for lay in parts)),
                  compute_bwd_s=cast(Floats, sum(lay.compute_bwd for lay in parts)), stays_gathered=stays_gathered,

@@ -46,15 +46,18 @@ def model_flops(model: ModelSpec, options: RunOptions) -> float:
 
 
 def hardware_flops(
-    model: ModelSpec, options: RunOptions, recompute: npt.NDArray[np.bool_]
+    model: ModelSpec, options: RunOptions, recompute: npt.NDArray[np.bool_],
+    recompute_share: tuple[float, float] = (1.0, 1.0),
 ) -> npt.NDArray[np.float64]:
-    """Flops the kernels execute in one step (the module docstring's count)."""
+    """Flops the kernels execute in one step (the module docstring's count). `recompute_share`: the shares of a
+    block's forward GEMM and attention flops a recompute reruns (full recompute: all of both; a selective policy
+    traced in the framework's ledger: ``axoplan.cost.ledger.Ledger.recompute_share``)."""
     per_block = _active_block_params(model)
-    rec = recompute.astype(np.float64)
-    gemm = options.tokens * (6.0 * _gemm_params(model) + rec * 2.0 * model.num_layers * per_block)
+    rec_gemm, rec_attention = (recompute.astype(np.float64) * share for share in recompute_share)
+    gemm = options.tokens * (6.0 * _gemm_params(model) + rec_gemm * 2.0 * model.num_layers * per_block)
     attention_fwd = 4.0 * options.tokens * model.num_layers * options.seq_len * model.attention_width
     if options.attention == "unfused":
-        attention = attention_fwd * (3.0 + rec)
+        attention = attention_fwd * (3.0 + rec_attention)
     else:
-        attention = attention_fwd * causal_fraction(options.seq_len) * (1.0 + BACKWARD_FLOPS_RATIO + rec)
+        attention = attention_fwd * causal_fraction(options.seq_len) * (1.0 + BACKWARD_FLOPS_RATIO + rec_attention)
     return gemm + attention

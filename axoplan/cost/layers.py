@@ -57,6 +57,8 @@ class Layer:
     t_dw: Floats
     extra_fwd: Floats  # non-GEMM work attached to this layer
     extra_bwd: Floats
+    t_rec: Floats  # what a recompute reruns of its GEMM (none for a linear outside the blocks: the LM head)
+    extra_rec: Floats  # and of the non-GEMM work attached to it
     ar_fwd: Floats
     ar_bwd: Floats
     ar_data: Floats
@@ -153,23 +155,26 @@ def price_layers(
     """Every linear of `layers` with `machine`'s numbers: its GEMMs, the non-GEMM work it carries (the ledger's,
     where the framework has one: a block's non-GEMM ops, its attention, and the rest of the step's on the head)
     and its all-reduces."""
+    gemm_share = 1.0
     if ledger is not None:
-        extra_fwd, extra_bwd = _ledger_nongemm_s(ledger)
+        extra_fwd, extra_bwd, extra_rec = _ledger_nongemm_s(ledger)
+        gemm_share = ledger.recompute_gemm_share
     else:
         extra_fwd, extra_bwd = _nongemm_s(model, machine, options, c, layers.nongemm_bytes)
+        extra_rec = extra_fwd  # full recompute: the forward again
     router_fwd = _router_s(model, machine, tokens)
     key = gemm_numbers(machine)
     if key not in layers.gemm_times:
         layers.gemm_times[key] = [_gemm_times(shape, machine, options, layers.gemms) for shape in layers.shapes]
     out = []
     for shape, gemms in zip(layers.shapes, layers.gemm_times[key], strict=True):
-        fwd = extra_fwd[shape.part] * shape.share + (extra_fwd["attention"] if shape.attention else 0.0)
-        bwd = extra_bwd[shape.part] * shape.share + (extra_bwd["attention"] if shape.attention else 0.0)
+        fwd, bwd, rec = (extra[shape.part] * shape.share + (extra["attention"] if shape.attention else 0.0)
+                         for extra in (extra_fwd, extra_bwd, extra_rec))
         if shape.router:  # the router and its top-k run before the experts, on the GPU's own tokens
-            fwd, bwd = fwd + router_fwd, bwd + 2.0 * router_fwd
+            fwd, bwd, rec = fwd + router_fwd, bwd + 2.0 * router_fwd, rec + router_fwd
         if shape.calls > 1:  # the block's own work is shared by the copies that each run as a linear
-            fwd, bwd = fwd / shape.calls, bwd / shape.calls
-        out.append(_layer(shape, gemms, g, fwd, bwd, dilation))
+            fwd, bwd, rec = fwd / shape.calls, bwd / shape.calls, rec / shape.calls
+        out.append(_layer(shape, gemms, g, (fwd, bwd, rec), gemm_share, dilation))
     return out
 
 
@@ -216,19 +221,25 @@ def _gemm_times(shape: LayerShape, machine: Machine, options: RunOptions,
     return t_fwd, time(machine, tokens, k_loc, n_loc, "dx", tuned), time(machine, n_loc, k_loc, tokens, "dw", tuned)
 
 
-def _layer(shape: LayerShape, gemms: tuple[Floats, Floats, Floats], g: Groups, extra_fwd: Floats,
-           extra_bwd: Floats, dilation: Floats | None = None) -> Layer:
+def _layer(shape: LayerShape, gemms: tuple[Floats, Floats, Floats], g: Groups,
+           extra: tuple[Floats, Floats, Floats], gemm_share: float, dilation: Floats | None = None) -> Layer:
     """One call of a linear: its GEMMs (times `gemm_factor`: the wait for the most loaded shard of an expert), the
-    work attached to it, and its all-reduces over its in-axis, out-axis and data groups."""
+    work attached to it (`extra`: forward, backward, and what a recompute reruns of it), what a recompute reruns
+    (a block linear's forward GEMM times `gemm_share`, the share of the block's GEMM flops its framework's
+    checkpointing reruns: 1 under full recompute; nothing for a linear outside the blocks), and its all-reduces
+    over its in-axis, out-axis and data groups."""
     spec, tokens = shape.spec, shape.rows
     in_axis, out_axis = spec.in_axis, spec.out_axis
     t_fwd, t_dx, t_dw = (t * shape.gemm_factor for t in gemms)
-    extra_fwd, extra_bwd = np.broadcast_to(extra_fwd, tokens.shape), np.broadcast_to(extra_bwd, tokens.shape)
+    again = float(spec.recomputed)
+    extra_fwd, extra_bwd, extra_rec = (np.broadcast_to(e, tokens.shape) for e in extra)
+    t_rec, extra_rec = t_fwd * (gemm_share * again), extra_rec * again
     if dilation is not None:
-        t_fwd, t_dx, t_dw, extra_fwd, extra_bwd = (t * dilation for t in (t_fwd, t_dx, t_dw, extra_fwd, extra_bwd))
+        t_fwd, t_dx, t_dw, t_rec, extra_fwd, extra_bwd, extra_rec = (
+            t * dilation for t in (t_fwd, t_dx, t_dw, t_rec, extra_fwd, extra_bwd, extra_rec))
     return Layer(
         spec=spec, count=shape.count, in_axis=in_axis, out_axis=out_axis,
-        t_fwd=t_fwd, t_dx=t_dx, t_dw=t_dw, extra_fwd=extra_fwd, extra_bwd=extra_bwd,
+        t_fwd=t_fwd, t_dx=t_dx, t_dw=t_dw, extra_fwd=extra_fwd, extra_bwd=extra_bwd, t_rec=t_rec, extra_rec=extra_rec,
         ar_fwd=g.rates[in_axis].all_reduce_s(shape.bytes_out),
         ar_bwd=g.rates[out_axis].all_reduce_s(shape.bytes_in),
         ar_data=g.rates["data"].all_reduce_s(shape.bytes_shard),
@@ -237,14 +248,17 @@ def _layer(shape: LayerShape, gemms: tuple[Floats, Floats, Floats], g: Groups, e
     )
 
 
-def _ledger_nongemm_s(cost: LedgerCost) -> tuple[dict[str, Floats], dict[str, Floats]]:
+def _ledger_nongemm_s(cost: LedgerCost) -> tuple[dict[str, Floats], dict[str, Floats], dict[str, Floats]]:
     """Forward and backward seconds of a block's non-GEMM ops, its attention, and the rest of the step (the
-    ledger's, ``axoplan.cost.ledger``)."""
-    def phase(name: str) -> dict[str, Floats]:
-        return {"elementwise": cost.scope_s(f"block_{name}", exclude=("attention",)),
-                "attention": cost.class_s("attention", f"block_{name}"), "logits": cost.scope_s(f"rest_{name}")}
+    ledger's, ``axoplan.cost.ledger``), and what a recompute reruns of the block's (``LedgerCost.recompute_scope``;
+    the rest is not recomputed)."""
+    def phase(block: str, rest: str | None) -> dict[str, Floats]:
+        return {"elementwise": cost.scope_s(block, exclude=("attention",)),
+                "attention": cost.class_s("attention", block),
+                "logits": cost.scope_s(rest) if rest else 0.0 * cost.scope_s(block)}
 
-    return phase("forward"), phase("backward")
+    return (phase("block_forward", "rest_forward"), phase("block_backward", "rest_backward"),
+            phase(cost.recompute_scope, None))
 
 
 def _nongemm_s(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates,

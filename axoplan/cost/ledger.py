@@ -6,10 +6,11 @@ code on CPU (``benchmarks/derive_ledger.py``: the aten ops below autograd, with 
 rest of the forward or backward: embeddings, final norm, LM head and loss), with its class, how many times
 the scope runs it, and the bytes it reads and writes as sums of monomials in the model's dimensions::
 
-    bytes = Σ c · B^b · S^s · H^h · NH^n · KV^k · F^f · V^v
+    bytes = Σ c · B^b · S^s · H^h · NH^n · KV^k · F^f · V^v · E^e · K^t
 
 (``B`` sequences per micro-batch on this GPU, ``S`` sequence length, ``H`` hidden size, ``NH`` and ``KV``
-query and key-value heads, ``F`` FFN width, ``V`` vocabulary). GEMM and attention entries carry their flops
+query and key-value heads, ``F`` FFN width, ``V`` vocabulary; a mixture's ``E`` experts and ``K`` experts per
+token). GEMM and attention entries carry their flops
 the same way; what autograd keeps for the backward (saved-tensor hooks) is a list of monomials per scope.
 
 :func:`price_ledger` prices every entry for every candidate at once (Calculon's per-op ledger priced by one
@@ -61,7 +62,10 @@ OP_CLASSES: tuple[str, ...] = ("gemm", "attention", "norm", "activation", "eleme
                                "loss", "memset", "optimizer", "view", "host_sync")
 NOT_KERNELS = ("view", "host_sync")
 """Classes that launch no kernel: a view, and a host sync (a device-to-host copy or read-back, priced as a stall)."""
-SCOPES = ("block_forward", "block_backward", "rest_forward", "rest_backward")
+SCOPES = ("block_forward", "block_backward", "block_recompute", "rest_forward", "rest_backward")
+"""A ledger's scopes. ``block_recompute``, where a ledger has it, is what the framework's own activation
+checkpointing reruns of a block's forward in its backward (torchtitan's selective policy: every other matmul and
+the element-wise ops, not the attention); a ledger without it reruns the whole ``block_forward`` (full recompute)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +116,7 @@ class Ledger:
     saved: dict[str, tuple[Term, ...]]
     optimizer_bytes_per_param: dict[str, float]  # read and written, by op class (fused AdamW: 'optimizer')
     optimizer_kernels: int
-    moe: tuple[int, int] | None = None  # a mixture's experts and top-k, fixed when it was traced
+    moe: bool = False  # traced for a mixture of experts: its experts and top-k are symbols (E, K)
     attention: str | None = None  # the kernel its code runs: None SDPA's pick on the device, "run" the run's option
 
     def attention_kernel(self, option: str) -> str | None:
@@ -130,14 +134,31 @@ class Ledger:
     def ops(self, scope: str) -> tuple[LedgerOp, ...]:
         return self.scopes.get(scope, ())
 
-    def kernels_per_call(self, op: LedgerOp) -> int:
-        """Kernels one call of `op` launches (each with its host dispatch): none for a view or a host sync; one per
-        expert for an fp32 grouped GEMM, which CUDA runs by PyTorch's fallback, one ``mm`` per group (the small
-        Mixtral profile, profile-mixtral-s-h100.jsonl: 507 ``aten::mm`` calls per step = 48 fp32 grouped calls
-        x 8 experts + 123 linear GEMMs); one for every other op (a bf16 grouped GEMM is one grouped kernel)."""
+    @property
+    def recompute_scope(self) -> str:
+        """The scope a recomputed block reruns: its checkpointing's own op list where traced, else its forward."""
+        return "block_recompute" if "block_recompute" in self.scopes else "block_forward"
+
+    def recompute_share(self, op_class: str, model: ModelSpec, seq_len: int) -> float:
+        """The share of a block's forward flops of `op_class` (``gemm``: the 4D linears' GEMMs; ``attention``) that a
+        recompute reruns: 1 under full recompute; under a selective policy the traced recompute's flops over the
+        forward's (torchtitan's: about a third of a Llama block's GEMM flops, no attention)."""
+        def flops(scope: str) -> float:
+            dims = {"B": 1.0, **model_dims(model, seq_len)}
+            return sum(op.count * t.coef * math.prod(dims[s] ** e for s, e in t.exps)
+                       for op in self.ops(scope) if op.op_class == op_class and not op.grouped for t in op.flops)
+        forward = flops("block_forward")
+        return 1.0 if self.recompute_scope == "block_forward" or forward == 0 else flops(self.recompute_scope) / forward
+
+    def kernels_per_call(self, op: LedgerOp, experts: int = 1) -> int:
+        """Kernels one call of `op` launches (each with its host dispatch) in a model of `experts` experts: none for
+        a view or a host sync; one per expert for an fp32 grouped GEMM, which CUDA runs by PyTorch's fallback, one
+        ``mm`` per group (the small Mixtral profile, profile-mixtral-s-h100.jsonl: 507 ``aten::mm`` calls per step
+        = 48 fp32 grouped calls x 8 experts + 123 linear GEMMs); one for every other op (a bf16 grouped GEMM is one
+        grouped kernel)."""
         if op.op_class in NOT_KERNELS:
             return 0
-        return self.moe[0] if op.grouped and op.dtype == "fp32" and self.moe is not None else 1
+        return experts if op.grouped and op.dtype == "fp32" else 1
 
 
 def ledger_family(model: ModelSpec) -> str:
@@ -157,12 +178,15 @@ def _terms(raw: list[list[Any]], axis: str | None = None) -> tuple[Term, ...]:
 
 
 def traced_for(name: str, model: ModelSpec) -> bool:
-    """Whether ledger `name` was traced for `model`'s own family (and, for a mixture, its experts and top-k)."""
+    """Whether ledger `name` was traced for `model`'s own family (a mixture: Mixtral's, any number of experts and any
+    top-k, without shared experts, which its op list does not run; another mixture family, OLMoE's or Qwen's, runs
+    other ops around its experts)."""
     family = ledger_family(model)
     if shipped_family(name, family) != family:
         return False
-    traced = load_ledger(name, family).moe
-    return model.moe is None or traced == (model.moe.num_experts, model.moe.top_k)
+    if model.moe is None:
+        return True
+    return load_ledger(name, family).moe and model.moe.shared_experts == 0 and model.family in (None, "mixtral")
 
 
 def shipped_family(name: str, family: str) -> str:
@@ -192,8 +216,7 @@ def load_ledger(name: str, family: str) -> Ledger:
     return Ledger(name, family, doc["made_by"], doc["versions"], scopes,
                   {k: _terms(v) for k, v in doc["saved"].items()},
                   {str(k): float(v) for k, v in opt["bytes_per_param"].items()}, int(opt["ops"]),
-                  (int(doc["moe"]["experts"]), int(doc["moe"]["top_k"])) if "moe" in doc else None,
-                  doc.get("attention"))
+                  "moe" in doc, doc.get("attention"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,13 +225,18 @@ class LedgerCost:
 
     ``seconds[(scope, class)]``: device seconds of that class in that scope (a block scope: one block);
     ``kernels`` and ``host_ops`` per scope (one block for the block scopes); ``saved_bytes`` per scope, and
-    ``rest_forward_logits``: the part of the rest's that is per logit (tokens times the vocabulary)."""
+    ``rest_forward_logits``: the part of the rest's that is per logit (tokens times the vocabulary);
+    ``block_checkpointed``, where traced, what a block keeps under its framework's checkpointing.
+    ``recompute_scope``: the scope a recomputed block reruns; ``recompute_gemm_share``: the share of the block's
+    forward GEMM flops it reruns (:meth:`Ledger.recompute_share`)."""
 
     seconds: dict[tuple[str, str], Floats]
     kernels: dict[str, float]
     host_ops: dict[str, float]
     saved_bytes: dict[str, Floats]
     optimizer_bytes_per_param: dict[str, float]
+    recompute_scope: str = "block_forward"
+    recompute_gemm_share: float = 1.0
 
     def optimizer_s(self, machine: Machine, params: Floats) -> Floats:
         """The optimizer step over `params` parameters: the traced step's bytes per parameter (read and written:
@@ -226,11 +254,18 @@ class LedgerCost:
 
 
 def symbols(model: ModelSpec, seq_len: int, c: Candidates) -> dict[str, Floats]:
-    """Each ledger symbol's value per candidate (``B``: the micro-batch's sequences on one GPU)."""
+    """Each ledger symbol's value per candidate (``B``: the micro-batch's sequences on one GPU; ``E`` and ``K``: a
+    mixture's experts and experts per token, 1 for a dense model, whose ledger has neither)."""
     one = np.ones(len(c), dtype=np.float64)
-    return {"B": c.micro_batch.astype(np.float64), "S": seq_len * one, "H": model.hidden * one,
-            "NH": model.num_heads * one, "KV": model.kv_heads * one, "F": float(_ffn(model)) * one,
-            "V": model.vocab * one}
+    return {"B": c.micro_batch.astype(np.float64), **{s: v * one for s, v in model_dims(model, seq_len).items()}}
+
+
+def model_dims(model: ModelSpec, seq_len: int) -> dict[str, float]:
+    """Every ledger symbol but ``B``: the model's dimensions and the sequence length."""
+    experts, top_k = (model.moe.num_experts, model.moe.top_k) if model.moe is not None else (1, 1)
+    return {"S": float(seq_len), "H": float(model.hidden), "NH": float(model.num_heads),
+            "KV": float(model.kv_heads), "F": float(_ffn(model)), "V": float(model.vocab), "E": float(experts),
+            "K": float(top_k)}
 
 
 def _ffn(model: ModelSpec) -> int:
@@ -292,26 +327,26 @@ def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) ->
 
 def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates,
                  hf_path: bool = True, attention: str = "flash") -> LedgerCost:
-    """Price every entry of `ledger` for every candidate (see the module docstring). A mixture's ledger fixes its
-    experts and top-k (its op list loops over them): another mixture is refused in one line. `attention`: the run's
+    """Price every entry of `ledger` for every candidate (see the module docstring). A mixture is refused in one line
+    with a dense model's ledger (its op list runs no router or experts). `attention`: the run's
     ``--attention``, which sets the kernel only where the ledger's code takes it from the run
     (:meth:`Ledger.attention_kernel`)."""
-    if model.moe is not None and ledger.moe != (model.moe.num_experts, model.moe.top_k):
-        traced = f"{ledger.moe[0]} experts, top-{ledger.moe[1]}" if ledger.moe else "a dense model"
-        raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for {traced}, not "
-                           f"{model.moe.num_experts} experts, top-{model.moe.top_k}: trace one "
-                           f"(benchmarks/derive_ledger.py) or use --framework axonn")
+    if model.moe is not None and not ledger.moe:
+        raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for a dense model, not a mixture "
+                           "of experts: trace one (benchmarks/derive_ledger.py --family mixtral) or use --framework "
+                           "axonn")
     pricer = _Pricer.of(ledger, machine, model, seq_len, c, hf_path, attention)
     seconds: dict[tuple[str, str], Floats] = {}
     kernels: dict[str, float] = {}
     host: dict[str, float] = {}
+    experts = model.moe.num_experts if model.moe is not None else 1
     for scope in SCOPES:
         kernels[scope], host[scope] = 0.0, 0.0
         for op in ledger.ops(scope):
-            host[scope] += op.count * max(1, ledger.kernels_per_call(op))
+            host[scope] += op.count * max(1, ledger.kernels_per_call(op, experts))
             if op.op_class == "view":
                 continue
-            kernels[scope] += op.count * ledger.kernels_per_call(op)
+            kernels[scope] += op.count * ledger.kernels_per_call(op, experts)
             t = pricer.seconds(op)
             if t is None:
                 continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
@@ -320,7 +355,8 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
     saved = {scope: _evaluate(terms, pricer.sym, pricer.shard) for scope, terms in ledger.saved.items()}
     saved["rest_forward_logits"] = _evaluate(tuple(t for t in ledger.saved.get("rest_forward", ()) if t.per_logit),
                                              pricer.sym, pricer.shard)  # the part a chunked loss keeps 1/chunks of
-    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param)
+    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param, ledger.recompute_scope,
+                      ledger.recompute_share("gemm", model, seq_len))
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,19 +462,21 @@ def _efficiency(machine: Machine, op_class: str) -> float:
 
 def per_step_s(cost: LedgerCost, op_class: str, num_layers: int, recompute: npt.NDArray[np.bool_],
                n_micro: Floats) -> Floats:
-    """Seconds per step of one class: a block's forward (again under recompute) and backward times the layers, the
-    rest once, per micro-batch times the micro-batches."""
+    """Seconds per step of one class: a block's forward, under recompute what its checkpointing reruns
+    (``LedgerCost.recompute_scope``), and its backward, times the layers; the rest once; per micro-batch times the
+    micro-batches."""
     rec = recompute.astype(np.float64)
-    block = cost.class_s(op_class, "block_forward") * (1.0 + rec) + cost.class_s(op_class, "block_backward")
+    block = (cost.class_s(op_class, "block_forward") + rec * cost.class_s(op_class, cost.recompute_scope)
+             + cost.class_s(op_class, "block_backward"))
     rest = cost.class_s(op_class, "rest_forward") + cost.class_s(op_class, "rest_backward")
     return n_micro * (num_layers * block + rest)
 
 
 def ledger_class_columns(cost: LedgerCost, num_layers: int, recompute: npt.NDArray[np.bool_], n_micro: Floats,
                          gemm_s: Floats) -> dict[str, Floats]:
-    """Seconds per step of each op class (``t_class_<class>_s``): a block's ops times the layers (its forward again
-    under recompute), the rest once, per micro-batch times the micro-batches; GEMMs as the tile model priced them
-    (`gemm_s`, already per step). What `explain` shows beside a profiler trace's split."""
+    """Seconds per step of each op class (``t_class_<class>_s``): a block's ops times the layers (what its
+    checkpointing reruns again under recompute), the rest once, per micro-batch times the micro-batches; GEMMs as
+    the tile model priced them (`gemm_s`, already per step). What `explain` shows beside a profiler trace's split."""
     cols = {f"t_class_{cls}_s": per_step_s(cost, cls, num_layers, recompute, n_micro)
             for cls in sorted({cls for _, cls in cost.seconds}) if cls != "gemm"}
     cols["t_class_gemm_s"] = gemm_s  # the tile model's and the ledger's own (fp32) GEMMs: compute_columns's t_gemm_s

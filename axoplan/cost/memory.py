@@ -257,15 +257,17 @@ def _ledger_activation_bytes(model: ModelSpec, c: Candidates, profile: Framework
     """What autograd keeps, from the ledger's saved tensors (traced with saved-tensor hooks, each storage once):
     every block's, and the rest of the forward's (embeddings, final norm, the LM head's weight copy, the loss's
     fp32 log-probabilities, of which a loss run in ``memory.loss_chunks`` chunks keeps one chunk's at a time). Under
-    full recompute a block keeps only its input (the residual stream, in the dtype
-    the forward runs the embedding in: ``memory.residual_bytes``, else the weights': fp32 under autocast) and one
-    block's working set is alive at a time."""
+    recompute a block keeps what its framework's checkpointing keeps, where the ledger traced it (torchtitan's
+    selective policy: the block's input and the outputs of the matmuls and the attention it saves), else only its
+    input (full recompute: the residual stream, in the dtype the forward runs the embedding in:
+    ``memory.residual_bytes``, else the weights': fp32 under autocast), and one block's working set is alive at a
+    time."""
     block, rest = ledger.saved_bytes.get("block_forward", 0.0 * tokens), ledger.saved_bytes.get("rest_forward", 0.0)
     rules = profile.memory
     per_logit = ledger.saved_bytes.get("rest_forward_logits", 0.0)
     rest = rest - per_logit * (1.0 - 1.0 / rules.loss_chunks)  # a chunked loss keeps one chunk's
     residual = rules.residual_bytes if rules.residual_bytes is not None else min(rules.weights.bytes_per_param, 4.0)
-    checkpoint = tokens * model.hidden * residual
+    checkpoint = ledger.saved_bytes.get("block_checkpointed", tokens * model.hidden * residual)
     full = model.num_layers * block + rest
     recomputed = model.num_layers * checkpoint + block + rest
     return np.where(c.recompute, recomputed, full)

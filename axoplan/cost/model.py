@@ -129,7 +129,7 @@ def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Can
     costs = {} if ledger_cost is None else {_ledger_numbers(machine): ledger_cost}
     return CompiledPlan(model, options, c, profile, machine, groups, layers, tokens, n_micro,
                         optimizer_params(model, c, options), ledger, costs, memory, memory.as_columns(),
-                        step_flops(model, options, c))
+                        step_flops(model, options, c, ledger))
 
 
 def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
@@ -170,7 +170,7 @@ def framework_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machi
     if name is None:
         return None
     ledger = load_ledger(name, shipped_family(name, ledger_family(model)))
-    if ledger.moe is not None and options.moe_module != "transformers":  # its op list runs transformers' experts
+    if ledger.moe and options.moe_module != "transformers":  # its op list runs transformers' experts
         raise AxoplanError(f"--framework {profile.name} runs transformers' own experts, which its op ledger prices; "
                            f"--moe-impl {options.moe_impl} would price AxoNN's as well: use --moe-impl transformers "
                            "(or auto), or --framework axonn for AxoNN's MoE modules")

@@ -15,7 +15,7 @@ from axoplan.cost.compute import memory_bound_s
 from axoplan.cost.flops import hardware_flops, model_flops
 from axoplan.cost.groups import Groups
 from axoplan.cost.layers import Layer
-from axoplan.cost.ledger import LedgerCost, per_step_s
+from axoplan.cost.ledger import Ledger, LedgerCost, per_step_s
 from axoplan.cost.memory import replicated_params, sharded_params
 from axoplan.cost.scale import interference_s, straggler_factor
 from axoplan.cost.terms import CollectiveTerm
@@ -43,8 +43,8 @@ def compute_columns(
     other ops and are counted as GEMMs. `params`: the parameters a GPU updates (:func:`optimizer_params`), where
     the caller has them; `profile`: the framework, whose counted optimizer may step a data shard only."""
     rec = c.recompute.astype(np.float64)
-    gemm = sum(lay.count * (lay.t_fwd * (1 + rec * lay.spec.recomputed) + lay.t_dx + lay.t_dw) for lay in layers)
-    other = sum(lay.count * (lay.extra_fwd * (1 + rec * lay.spec.recomputed) + lay.extra_bwd) for lay in layers)
+    gemm = sum(lay.count * (lay.t_fwd + rec * lay.t_rec + lay.t_dx + lay.t_dw) for lay in layers)
+    other = sum(lay.count * (lay.extra_fwd + rec * lay.extra_rec + lay.extra_bwd) for lay in layers)
     params = optimizer_params(model, c, options) if params is None else params
     if ledger is not None:
         optimizer = ledger.optimizer_s(machine, params)
@@ -86,13 +86,15 @@ def _extra_linears(model: ModelSpec, options: RunOptions | None) -> float:
 def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates,
                       options: RunOptions | None = None, ledger: LedgerCost | None = None) -> tuple[Floats, Floats]:
     """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/inputs/framework.py``):
-    every block's forward, again when recomputed with the checkpoint's bookkeeping, its backward,
+    every block's forward, what its checkpointing reruns when recomputed (with the checkpoint's bookkeeping), its
+    backward,
     then the head's forward and backward (the ledger's ops, where the framework has one; the blocks' host work
     as replayed where its profile measured it, ``FrameworkProfile.host_replay``)."""
     rec = c.recompute.astype(np.float64)
     if ledger is not None:
         def count(per_scope: dict[str, float]) -> Floats:
-            return (model.num_layers * (per_scope["block_forward"] * (1.0 + rec) + per_scope["block_backward"])
+            return (model.num_layers * (per_scope["block_forward"] + rec * per_scope[ledger.recompute_scope]
+                                        + per_scope["block_backward"])
                     + per_scope["rest_forward"] + per_scope["rest_backward"])
         host = count(ledger.host_ops)
         if profile.host_replay is not None:  # the blocks' host work as replayed, the head's as the ledger counts it
@@ -112,9 +114,13 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
     return ops + extra, kernels + extra  # [assumed] one host op per launched GEMM
 
 
-def step_flops(model: ModelSpec, options: RunOptions, c: Candidates) -> tuple[Floats, float]:
-    """The flops the kernels execute in a step, per candidate, and the model's (``axoplan.cost.flops``)."""
-    return hardware_flops(model, options, c.recompute), model_flops(model, options)
+def step_flops(model: ModelSpec, options: RunOptions, c: Candidates,
+               ledger: Ledger | None = None) -> tuple[Floats, float]:
+    """The flops the kernels execute in a step, per candidate, and the model's (``axoplan.cost.flops``); a
+    recompute reruns what the framework's ledger says its checkpointing reruns, where it has one."""
+    share = (1.0, 1.0) if ledger is None else (ledger.recompute_share("gemm", model, options.seq_len),
+                                               ledger.recompute_share("attention", model, options.seq_len))
+    return hardware_flops(model, options, c.recompute, share), model_flops(model, options)
 
 
 def collective_calls(terms: list[CollectiveTerm], n_micro: Floats) -> Floats:

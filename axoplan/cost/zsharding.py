@@ -5,8 +5,11 @@ A *unit* is what one Z all-gather moves: one linear layer's ``k·n/(Gx·Gy)`` we
 wraps each block), per the framework's ``z_gather_unit``. Per micro-batch, in forward order:
 
 * **forward** all-gather of every unit, prefetched behind the previous unit's forward compute
-  under OAG (``max(ag − compute_prev, 0)`` exposed), again under full recompute unless the
-  weights are cached;
+  under OAG (``max(ag − compute_prev, 0)`` exposed), again under recompute unless the
+  weights are cached or the unit is FSDP's (a block: the checkpoint runs inside the FSDP unit, so its recompute
+  runs in the unit's backward on the parameters FSDP's pre-backward hook gathered: ``torch/distributed/fsdp``'s
+  ``_pre_backward_hook`` for FSDP1, ``FSDPState._pre_backward`` for FSDP2; torchtitan applies activation
+  checkpointing before ``fully_shard``, ``torchtitan/distributed/fsdp.py``);
 * **backward** all-gather (unless cached, or the unit stays gathered from the forward, as FSDP's
   root unit does) and **reduce-scatter** of its gradient, both behind the neighbouring unit's
   backward compute (:func:`backward_exposed`).
@@ -62,7 +65,7 @@ class ZUnit:
 
     name: str
     count: int  # units of this kind per micro-batch
-    recomputed: bool  # full recompute runs its forward (and re-gathers it) again
+    recomputed: bool  # a block's unit: recompute runs its forward again
     ag_s: Floats  # one all-gather
     rs_s: Floats  # one reduce-scatter
     ag_bytes: Floats
@@ -70,6 +73,7 @@ class ZUnit:
     compute_fwd_s: Floats  # one unit's forward compute
     compute_bwd_s: Floats
     stays_gathered: bool = False  # kept from the forward to the backward (FSDP's root unit)
+    regathered: bool = True  # a recompute gathers it again (AxoNN); FSDP's recompute runs on the backward's gather
     attached_bwd_s: Floats | None = None  # its non-GEMM backward, run before the next unit's gather
 
 
@@ -97,7 +101,7 @@ def z_terms(units: Sequence[ZUnit], z: ZGroup, options: RunOptions, c: Candidate
             ag_bwd, rs = _blocking_backward(unit, again, prev.compute_bwd_s, options)
         exposed[unit.name] = (ag_fwd, rs)
         calls = n_micro * unit.count
-        rec = c.recompute.astype(np.float64) * unit.recomputed
+        rec = c.recompute.astype(np.float64) * (unit.recomputed and unit.regathered)
         terms += [
             _term(unit.name, "forward", "all-gather", z, unit.ag_bytes, calls, unit.ag_s, ag_fwd),
             _term(unit.name, "recompute", "all-gather", z, unit.ag_bytes, calls * rec, again,

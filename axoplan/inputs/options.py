@@ -48,7 +48,9 @@ class RunOptions(Frozen):
         (1, 2, 4, 8), min_length=1, max_length=32, description="Per-GPU micro-batch sizes (sequences) to search "
         "(at most 32: each multiplies the candidates)."
     )
-    recompute: Choice = Field("search", description="Full activation recompute: on, off, or search both.")
+    recompute: Choice = Field(
+        "search", description="Activation recompute as the framework checkpoints (full recompute; torchtitan: its "
+        "selective policy): on, off, or search both.")
     cache_weights: Choice = Field(
         "search", description="Keep Z-gathered weights from forward to backward: on, off, or search both."
     )

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .hf import GQA_FAMILIES
+from .hf import GQA_FAMILIES, MOE_SYMBOLS
 from .recorder import SYMBOLS, activation_axis, is_view, op_class
 
 StepTrace = tuple[dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int]]], int]
@@ -57,7 +57,7 @@ def derive(family: str, precision: str, base: dict[str, int], framework: str = "
     """Trace at `base` and with each symbol doubled; return the ledger as data."""
     trace = step_tracer(framework)
     runs = {"base": trace(family, base, precision)}
-    for sym in SYMBOLS:
+    for sym in SYMBOLS + (MOE_SYMBOLS if "E" in base else ()):
         if sym == "KV" and family not in GQA_FAMILIES:
             continue
         dims = dict(base)

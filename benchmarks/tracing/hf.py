@@ -41,8 +41,9 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
         cls = tr.GPTNeoXForCausalLM
     elif family == "mixtral":
         cfg = tr.MixtralConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
-                               intermediate_size=f, vocab_size=v, max_position_embeddings=s, num_local_experts=EXPERTS,
-                               num_experts_per_tok=TOP_K, tie_word_embeddings=False, router_aux_loss_coef=0.0,
+                               intermediate_size=f, vocab_size=v, max_position_embeddings=s,
+                               num_local_experts=dims.get("E", EXPERTS), num_experts_per_tok=dims.get("K", TOP_K),
+                               tie_word_embeddings=False, router_aux_loss_coef=0.0,
                                output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = tr.MixtralForCausalLM
     else:
@@ -60,8 +61,13 @@ GQA_FAMILIES = ("llama", "mixtral")
 """Families whose key-value heads are their own dimension (grouped-query attention)."""
 
 EXPERTS, TOP_K = 8, 2
-"""Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): a mixture's op
-list depends on them, so they are fixed in its ledger, not symbols."""
+"""Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): the base the
+mixture's ledger is traced at. Its op list does not change with them (transformers' grouped experts: one routing
+pass and one grouped GEMM each way for all experts), so they are symbols of the fit, ``E`` and ``K``, like the
+model's dimensions (:data:`MOE_SYMBOLS`)."""
+
+MOE_SYMBOLS = ("E", "K")
+"""A mixture's experts and experts per token, as ledger symbols."""
 
 
 @contextmanager
@@ -75,7 +81,8 @@ def balanced_routing(model: Any) -> Iterator[None]:
     def routed(router: Any, forward: Callable[..., Any]) -> Callable[..., Any]:
         def run(hidden: torch.Tensor) -> Any:
             logits, scores, _ = forward(hidden)
-            t = torch.arange(logits.shape[0], device=logits.device)[:, None] * TOP_K + torch.arange(TOP_K)
+            k = router.top_k
+            t = torch.arange(logits.shape[0], device=logits.device)[:, None] * k + torch.arange(k)
             return logits, scores, t % router.num_experts
         return run
 

@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from .recorder import Recorder, saved_bytes
 
@@ -184,4 +185,93 @@ def trace_torchtitan_step(family: str, dims: dict[str, int], precision: str) -> 
         rec.scope = "step"
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return dict(rec.ops), dict(saved), sum(p.numel() for p in model.parameters())
+    ops, kept = dict(rec.ops), dict(saved)
+    ops["block_recompute"], kept["block_checkpointed"] = trace_selective_recompute(dims)
+    return ops, kept, sum(p.numel() for p in model.parameters())
+
+
+def _fused_qkv_policy(policy: Callable[..., Any]) -> Callable[..., Any]:
+    """torchtitan's SAC policy as it decides for the fused ``wqkv`` the flavours run: its every-second-``mm`` count
+    (``distributed/activation_checkpoint.py``, ``SelectiveAC._wrap_block``) sees one matmul for Q, K and V together,
+    so the traced block's unfused ``wk`` and ``wv`` take ``wq``'s decision without moving the count (the fused code
+    saves ``wqkv``, ``w1``, ``w2`` and recomputes ``wo``, ``w3``)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    mm_ops = (torch.ops.aten.mm.default, torch.ops.aten.linear.default)
+    state: dict[str, Any] = {"seen": 0, "qkv": None}
+
+    def decide(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if func == torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+            return CheckpointPolicy.MUST_SAVE  # CPU's stand-in for the CUDA flash kernel, which the policy saves
+        if func not in mm_ops:
+            return policy(ctx, func, *args, **kwargs)
+        state["seen"] += 1
+        if state["seen"] in (2, 3):  # wk, wv: one GEMM with wq in the fused code
+            return state["qkv"]
+        decision = policy(ctx, func, *args, **kwargs)
+        if state["seen"] == 1:
+            state["qkv"] = decision
+        return decision
+    return decide
+
+
+def trace_selective_recompute(dims: dict[str, int]) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
+    """What torchtitan's selective activation checkpointing (``SelectiveAC``, the Llama 3 8B and 70B configs'
+    ``activation_checkpoint``: ``models/llama3/config_registry.py``) reruns in a block's backward, and what a block
+    keeps for it. The block is wrapped by torchtitan's own ``SelectiveAC._wrap_block`` (``ptd_checkpoint_wrapper``
+    with ``create_selective_checkpoint_contexts``); its policy saves the outputs of PyTorch's compute-intensive ops
+    (matmuls, the SDPA/flash attention kernels) and recomputes every second matmul and every other op
+    (:func:`_fused_qkv_policy`: counted as the fused ``wqkv`` runs). The ops recorded while the backward reruns the
+    block's forward are the recompute (the saved ops' outputs come from the cache and launch nothing); what the block
+    keeps is its input (the checkpoint holds it) and the cached outputs (each storage once)."""
+    from torch.utils.checkpoint import (
+        _RECOMPUTE,  # type: ignore[attr-defined]
+        create_selective_checkpoint_contexts,
+    )
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+    model = build_torchtitan(dims)
+    layer_id, block = next(iter(model.layers.named_children()))
+    wrapper = SelectiveAC(SelectiveAC.Config())._wrap_block(block, base_fqn=f"layers.{layer_id}")
+    context_fn = wrapper.checkpoint_fn.keywords["context_fn"]
+    storages: list[Any] = []
+
+    def fused_context() -> Any:
+        caching, _ = context_fn()
+        contexts = create_selective_checkpoint_contexts(_fused_qkv_policy(caching.policy_fn))
+        storages.append(contexts[0].storage)
+        return contexts
+
+    wrapper.checkpoint_fn.keywords["context_fn"] = fused_context
+    model.layers.register_module(layer_id, wrapper)
+    ids = torch.randint(0, dims["V"], (dims["B"], dims["S"]))
+    rec = Recorder()
+    phase = {"backward": False}
+    inputs: list[torch.Tensor] = []
+
+    def block_pre(_: Any, args: Any) -> None:
+        if phase["backward"]:
+            rec.scope = "block_recompute"
+        else:
+            inputs.append(args[0])
+            rec.scope = "block_forward"
+
+    block.register_forward_pre_hook(block_pre)
+    block.register_forward_hook(lambda *_: setattr(rec, "scope", "block_backward" if phase["backward"]
+                                                   else "rest_forward"))
+    with rec:
+        from torchtitan.components.loss import cross_entropy_loss
+        loss = cross_entropy_loss(model(ids), ids)
+        kept: dict[int, int] = {inputs[0].untyped_storage().data_ptr(): inputs[0].untyped_storage().nbytes()}
+        for by_index in storages[0].values():
+            for value in by_index.values():
+                if value is _RECOMPUTE:
+                    continue
+                for leaf in tree_flatten(value)[0]:
+                    t = getattr(leaf, "val", leaf)
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
+                        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        phase["backward"] = True
+        rec.scope = "rest_backward"
+        loss.backward()
+    return rec.ops["block_recompute"], [(n, 0) for n in kept.values()]
