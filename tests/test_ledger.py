@@ -313,6 +313,24 @@ def test_a_mixture_of_any_experts_and_top_k_is_priced_from_the_one_trace() -> No
         price_ledger(load_ledger("hf-autocast", "llama"), load_machine("dgx-h100"), MIXTRAL_S, 2048, c)
 
 
+def test_a_mixtral_config_of_16_experts_top_4_ranks_under_transformers(tmp_path: Path) -> None:
+    """A Mixtral config.json with 16 experts, 4 per token (refused before the ledger took them as symbols) defaults to
+    hf-transformers and ranks: data parallelism only (transformers' 3-D experts are sharded by no 4D layout)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "mixtral", "hidden_size": 512, "num_hidden_layers": 2,
+                                  "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 1024,
+                                  "vocab_size": 1000, "num_local_experts": 16, "num_experts_per_tok": 4,
+                                  "max_position_embeddings": 2048}))
+    done = subprocess.run([sys.executable, "-m", "axoplan", "rank", "--model", str(config), "--gpus", "8",
+                           "--machine", "dgx-h100", "--global-batch", "32", "--format", "json"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    ranked = json.loads(done.stdout)
+    assert ranked["options"]["framework"] == "hf-transformers"
+    rows = [r for r in ranked["rows"] if r["feasible"]]
+    assert rows and all((r["gx"], r["gy"], r["gz"], r["gdata"]) == (1, 1, 1, 8) for r in rows)
+
+
 def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_traced(tmp_path: Path) -> None:
     """A GPT-2 config.json is ranked as transformers trains it (hf-transformers); a preset, and a mixture no ledger
     was traced for, as Megatron-AxoNN (axonn)."""
