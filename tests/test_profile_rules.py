@@ -97,3 +97,33 @@ def test_a_chunked_loss_keeps_one_chunks_logits() -> None:
     assert float(b.logits[0] - a.logits[0]) == pytest.approx(logits * 10 * 7 / 8)
     assert float(b.activations[0] - a.activations[0]) == pytest.approx(logits * 4 * 7 / 8)
     assert float(a.weights[0]) == float(b.weights[0]) and float(a.gathered[0]) == float(b.gathered[0])
+
+
+def test_megatron_lms_distributed_optimizer_runs_its_traced_shard_part_on_one_data_rank_in_d() -> None:
+    """Megatron-LM's distributed optimizer (its ledger's step, traced from megatron-core): the gradient buffer's NaN
+    check (4 bytes per parameter), its 1/d scaling (8) and its zeroing (8) run on the whole buffer on every rank;
+    the clip's norm (4), the fused Adam (32) and the copy into the bf16 weights (8) on the rank's 1/d shard. Priced
+    from the H100's measured op classes, the step on 4 data ranks over one rank's is (16/eff + 44/eff / 4) over all
+    of it, class by class."""
+    from axoplan.cost.ledger import _efficiency
+    from axoplan.cost.model import predict
+    from axoplan.inputs.options import RunOptions
+
+    ledger = load_ledger("megatron", "gpt2")
+    assert ledger.optimizer_shard_bytes_per_param is not None
+    shard = {c: round(v) for c, v in ledger.optimizer_shard_bytes_per_param.items() if v > 0.01}
+    assert shard == {"reduction": 4, "optimizer": 32, "copy_cast": 8}
+    machine = load_machine("dgx-h100")
+
+    def optimizer_s(gdata: int) -> float:
+        options = RunOptions(global_batch=16, seq_len=1024, micro_batches=(1,), framework="megatron-lm",
+                             recompute="off", cache_weights="off")
+        c = Candidates.single(Layout(1, 1, 1, gdata), 1, False, False)
+        return float(predict(MODEL, machine, options, c).columns["t_optimizer_s"][0])
+
+    whole = {c: round(v) for c, v in ledger.optimizer_bytes_per_param.items()}
+    per_byte = {c: 1.0 / _efficiency(machine, c) for c in whole}
+    expected = (sum((whole[c] - shard.get(c, 0)) * per_byte[c] for c in whole)
+                + sum(shard[c] * per_byte[c] for c in shard) / 4) / sum(whole[c] * per_byte[c] for c in whole)
+    assert optimizer_s(4) / optimizer_s(1) == pytest.approx(expected, rel=1e-3)
+    assert 0.4 < expected < 0.5

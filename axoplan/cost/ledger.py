@@ -118,6 +118,7 @@ class Ledger:
     optimizer_kernels: int
     moe: bool = False  # traced for a mixture of experts: its experts and top-k are symbols (E, K)
     attention: str | None = None  # the kernel its code runs: None SDPA's pick on the device, "run" the run's option
+    optimizer_shard_bytes_per_param: dict[str, float] | None = None  # of the optimizer's, run on a data rank's 1/d
 
     def attention_kernel(self, option: str) -> str | None:
         """The attention kernel this ledger's attention op runs for a run whose ``--attention`` is `option`: the one
@@ -216,7 +217,9 @@ def load_ledger(name: str, family: str) -> Ledger:
     return Ledger(name, family, doc["made_by"], doc["versions"], scopes,
                   {k: _terms(v) for k, v in doc["saved"].items()},
                   {str(k): float(v) for k, v in opt["bytes_per_param"].items()}, int(opt["ops"]),
-                  "moe" in doc, doc.get("attention"))
+                  "moe" in doc, doc.get("attention"),
+                  {str(k): float(v) for k, v in opt["data_shard_bytes_per_param"].items()}
+                  if "data_shard_bytes_per_param" in opt else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,12 +240,18 @@ class LedgerCost:
     optimizer_bytes_per_param: dict[str, float]
     recompute_scope: str = "block_forward"
     recompute_gemm_share: float = 1.0
+    optimizer_shard_bytes_per_param: dict[str, float] | None = None
 
-    def optimizer_s(self, machine: Machine, params: Floats) -> Floats:
+    def optimizer_s(self, machine: Machine, params: Floats, data_shards: Floats | float = 1.0) -> Floats:
         """The optimizer step over `params` parameters: the traced step's bytes per parameter (read and written:
-        fused AdamW's one kernel, or a foreach optimizer's element-wise passes), each class at its efficiency."""
+        fused AdamW's one kernel, or a foreach optimizer's element-wise passes), each class at its efficiency; the
+        part its trace ran on a data-parallel rank's shard of the optimizer states
+        (``optimizer_shard_bytes_per_param``: Megatron's distributed optimizer, whose Adam, gradient norm and copy
+        into the bf16 weights run on ``1/d`` of them) over `data_shards`."""
         bw = machine.device.hbm_bandwidth_gbs * 1e9
-        per_param = sum(b / _efficiency(machine, c) for c, b in self.optimizer_bytes_per_param.items())
+        shard = self.optimizer_shard_bytes_per_param or {}
+        per_param = sum((b - shard.get(c, 0.0) + shard.get(c, 0.0) / data_shards) / _efficiency(machine, c)
+                        for c, b in self.optimizer_bytes_per_param.items())
         return params * per_param / bw
 
     def scope_s(self, scope: str, exclude: tuple[str, ...] = ()) -> Floats:
@@ -356,7 +365,7 @@ def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: in
     saved["rest_forward_logits"] = _evaluate(tuple(t for t in ledger.saved.get("rest_forward", ()) if t.per_logit),
                                              pricer.sym, pricer.shard)  # the part a chunked loss keeps 1/chunks of
     return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param, ledger.recompute_scope,
-                      ledger.recompute_share("gemm", model, seq_len))
+                      ledger.recompute_share("gemm", model, seq_len), ledger.optimizer_shard_bytes_per_param)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ def compute_columns(
     other = sum(lay.count * (lay.extra_fwd + rec * lay.extra_rec + lay.extra_bwd) for lay in layers)
     params = optimizer_params(model, c, options) if params is None else params
     if ledger is not None:
-        optimizer = ledger.optimizer_s(machine, params)
+        optimizer = ledger.optimizer_s(machine, params, _optimizer_shards(c, profile))
         moved = per_step_s(ledger, "gemm", model.num_layers, c.recompute, np.ones_like(n_micro))  # its fp32 GEMMs
         if dilation is not None:  # as the layers' work they came in with (axoplan.cost.layers)
             moved = moved * dilation
@@ -60,11 +60,11 @@ def compute_columns(
 
 
 def _optimizer_shards(c: Candidates, profile: FrameworkProfile | None) -> Floats | float:
-    """Over how many GPUs a counted profile's optimizer step is split: ``Gdata`` where its optimizer states are
+    """Over how many GPUs a profile's optimizer step is split: ``Gdata`` where its optimizer states are
     sharded over data (ZeRO stage 1, Megatron's distributed optimizer: each data-parallel rank updates its ``1/d``
     of the fp32 master weights and moments, then the weights are all-gathered; Rajbhandari et al., ZeRO, SC'20,
-    §5.1), else 1 (the memory rule's ``optimizer.sharded_over_data``, one fact for memory and time). A ledger's
-    optimizer bytes are not split by what runs on the shard, so a ledger profile keeps the whole step."""
+    §5.1), else 1 (the memory rule's ``optimizer.sharded_over_data``, one fact for memory and time). A ledger profile
+    splits only what its trace ran on the shard (``LedgerCost.optimizer_s``)."""
     if profile is None or not profile.memory.optimizer.sharded_over_data:
         return 1.0
     return c.gdata.astype(np.float64)

@@ -69,7 +69,7 @@ def derive(family: str, precision: str, base: dict[str, int], framework: str = "
     ops0, saved0, params0 = runs["base"]
     scopes: dict[str, list[dict[str, Any]]] = {}
     for scope, ops in ops0.items():
-        if scope == "step":
+        if scope in STEP_SCOPES:
             continue
         entries = []
         for i, op in enumerate(ops):
@@ -79,18 +79,32 @@ def derive(family: str, precision: str, base: dict[str, int], framework: str = "
                     raise SystemExit(f"{scope}: the op list changes when {sym} doubles (op {i}, {op['op']})")
             entries.append(_entry(op, i, scope, runs, varied, base))
         scopes[scope] = _compact(entries)
-    step_bytes: dict[str, float] = defaultdict(float)
     # a scalar read in the step is the optimizer's step count, which torch.optim keeps on the host (not capturable,
     # not fused: torch/optim/adamw.py): no kernel and no device sync there
-    step_ops = [op for op in ops0.get("step", []) if not is_view(op["op"]) and not op.get("sync")]
-    for op in step_ops:
-        step_bytes[op_class(op["op"])] += sum(n * b for n, b in op["in"] + op["out"]) / params0
-    step_kernels = len(step_ops)
+    step_ops = {scope: [op for op in ops0.get(scope, []) if not is_view(op["op"]) and not op.get("sync")]
+                for scope in STEP_SCOPES}
+    step_bytes = {scope: _bytes_per_param(ops, params0) for scope, ops in step_ops.items()}
+    every = {k: step_bytes["step"].get(k, 0.0) + step_bytes["step_shard"].get(k, 0.0)
+             for k in sorted(set(step_bytes["step"]) | set(step_bytes["step_shard"]))}
     saved = {scope: _saved_terms(scope, runs, varied, base) for scope in saved0}
+    shard = {"data_shard_bytes_per_param": {k: round(v, 4) for k, v in sorted(step_bytes["step_shard"].items())}}
     return {"scopes": scopes, "saved": saved,
-            "optimizer": {"bytes_per_param": {k: round(v, 4) for k, v in sorted(step_bytes.items())},
-                          "ops": step_kernels,
-                          "ops_names": sorted({op["op"] for op in ops0.get("step", [])})}}
+            "optimizer": {"bytes_per_param": {k: round(v, 4) for k, v in every.items()},
+                          **(shard if step_ops["step_shard"] else {}),
+                          "ops": sum(len(ops) for ops in step_ops.values()),
+                          "ops_names": sorted({op["op"] for scope in STEP_SCOPES for op in ops0.get(scope, [])})}}
+
+
+STEP_SCOPES = ("step", "step_shard")
+"""The optimizer step's scopes: ``step_shard`` what runs on a data-parallel rank's ``1/d`` shard of the optimizer
+states (Megatron's distributed optimizer), ``step`` the rest."""
+
+
+def _bytes_per_param(ops: list[dict[str, Any]], params: int) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for op in ops:
+        out[op_class(op["op"])] += sum(n * b for n, b in op["in"] + op["out"]) / params
+    return dict(out)
 
 
 def _entry(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied: list[str],

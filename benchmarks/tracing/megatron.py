@@ -476,7 +476,7 @@ def _loss(model: Any, ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: 
 
 
 def _distributed_optimizer_step(ddp: Any, shards: list[tuple[torch.nn.Parameter, torch.Tensor]],
-                                states: dict[str, list[torch.Tensor]]) -> None:
+                                states: dict[str, list[torch.Tensor]], rec: Recorder | None = None) -> None:
     """The step after the last micro-batch's backward as Megatron-LM runs it with ``--use-distributed-optimizer`` and
     ``--bf16`` (no loss scaler), written out from megatron-core's code in a world of one (every shard the whole):
 
@@ -496,7 +496,11 @@ def _distributed_optimizer_step(ddp: Any, shards: list[tuple[torch.nn.Parameter,
     5. ``_copy_main_params_to_model_params``: each shard copied into the bf16 parameter (one ``copy_`` per parameter);
        the all-gather of the parameters (``--overlap-param-gather``: in the next forward) is a collective;
     6. Megatron-LM's ``train_step`` zeroes the gradient buffer (``ddp.zero_grad_buffer()``: the fp32 ``grad_data``
-       ``zero_()``) and the optimizer's main gradients (``.grad = None``)."""
+       ``zero_()``) and the optimizer's main gradients (``.grad = None``).
+
+    Steps 1 and 6 run on the whole gradient buffer on every data-parallel rank; steps 3 to 5 on the rank's ``1/d``
+    shard of the main parameters (``distrib_optimizer.py``: each rank's ``shard_main_param_groups``): with `rec`
+    given they are recorded in the scope ``step_shard``, the rest in ``step``."""
     for group in ddp.bucket_groups:
         for bucket in group.buckets:
             bucket.gradient_scaling_factor = 0.5
@@ -504,6 +508,8 @@ def _distributed_optimizer_step(ddp: Any, shards: list[tuple[torch.nn.Parameter,
     grads = [p.main_grad.view(-1) for p, _ in shards]
     for (_, main), grad in zip(shards, grads, strict=True):
         main.grad = grad
+    if rec is not None:
+        rec.scope = "step_shard"
     torch.zeros(1, dtype=torch.int)  # multi_tensor_applier's overflow flag
     norm = torch.linalg.vector_norm(ddp.buffers[0].grad_data) ** 2.0
     norm.item()
@@ -513,6 +519,8 @@ def _distributed_optimizer_step(ddp: Any, shards: list[tuple[torch.nn.Parameter,
     with torch.no_grad():
         for p, main in shards:
             p.data.view(-1).copy_(main)
+    if rec is not None:
+        rec.scope = "step"
     ddp.zero_grad_buffer()
     for main in mains:
         main.grad = None
@@ -571,7 +579,7 @@ def trace_megatron_step(family: str, dims: dict[str, int], precision: str) -> tu
             rec.scope = "rest_backward"
             loss.backward()
             rec.scope = "step"
-            _distributed_optimizer_step(ddp, shards, states)
+            _distributed_optimizer_step(ddp, shards, states, rec)
     ops = dict(rec.ops)
     if family == "llama":
         _fused_qkv_regions(ops, saved)
