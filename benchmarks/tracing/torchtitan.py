@@ -224,10 +224,8 @@ def trace_selective_recompute(dims: dict[str, int]) -> tuple[list[dict[str, Any]
     (:func:`_fused_qkv_policy`: counted as the fused ``wqkv`` runs). The ops recorded while the backward reruns the
     block's forward are the recompute (the saved ops' outputs come from the cache and launch nothing); what the block
     keeps is its input (the checkpoint holds it) and the cached outputs (each storage once)."""
-    from torch.utils.checkpoint import (
-        _RECOMPUTE,  # type: ignore[attr-defined]
-        create_selective_checkpoint_contexts,
-    )
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
     model = build_torchtitan(dims)
@@ -260,18 +258,27 @@ def trace_selective_recompute(dims: dict[str, int]) -> tuple[list[dict[str, Any]
     block.register_forward_hook(lambda *_: setattr(rec, "scope", "block_backward" if phase["backward"]
                                                    else "rest_forward"))
     with rec:
-        from torchtitan.components.loss import cross_entropy_loss
         loss = cross_entropy_loss(model(ids), ids)
-        kept: dict[int, int] = {inputs[0].untyped_storage().data_ptr(): inputs[0].untyped_storage().nbytes()}
-        for by_index in storages[0].values():
-            for value in by_index.values():
-                if value is _RECOMPUTE:
-                    continue
-                for leaf in tree_flatten(value)[0]:
-                    t = getattr(leaf, "val", leaf)
-                    if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
-                        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        kept = _storage_bytes([inputs[0], *_cached_outputs(storages[0])])  # after the forward: the backward frees them
         phase["backward"] = True
         rec.scope = "rest_backward"
         loss.backward()
-    return rec.ops["block_recompute"], [(n, 0) for n in kept.values()]
+    return rec.ops["block_recompute"], [(n, 0) for n in kept]
+
+
+def _cached_outputs(storage: dict[Any, dict[int, Any]]) -> list[torch.Tensor]:
+    """The tensors a selective checkpoint's cache holds (its policy's saved outputs; an op marked for recompute
+    holds none)."""
+    from torch.utils.checkpoint import _RECOMPUTE  # type: ignore[attr-defined]
+
+    leaves = [leaf for by_index in storage.values() for value in by_index.values() if value is not _RECOMPUTE
+              for leaf in tree_flatten(value)[0]]
+    return [t for t in (getattr(leaf, "val", leaf) for leaf in leaves) if isinstance(t, torch.Tensor)]
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> list[int]:
+    """The bytes of each storage the tensors hold, each storage once, in order (empty ones left out)."""
+    kept: dict[int, int] = {}
+    for t in tensors:
+        kept.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+    return [n for n in kept.values() if n > 0]
