@@ -105,7 +105,7 @@ FlashAttention-2 forward, 85 % backward [assumed]); llm-foundry takes it from th
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", required=True, choices=["gpt2", "llama", "gpt-neox", "mixtral", "mpt"])
+    ap.add_argument("--family", required=True, choices=["gpt2", "llama", "qwen3", "gpt-neox", "mixtral", "mpt"])
     ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16", "fp32"],
                     help="autocast: fp32 weights under bf16 autocast (Trainer(bf16=True)); "
                     "bf16: bf16 weights and states; fp32: float32 throughout (the executor on a CPU)")
@@ -132,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"install {TRACED_VERSIONS[package]} in a development venv (never a dependency of axoplan)")
 
     base = dict(BASE)
-    if args.family not in ("llama", "mixtral"):
+    if args.family not in hf.GQA_FAMILIES:
         base["KV"] = base["NH"]
     else:  # two query heads per KV head at every doubling (one would change the executor's op list)
         base.update(NH=8, H=64)
     if args.family == "gpt-neox":  # rotary on a quarter of each head: whole even dimensions at every doubling
         base.update(H=64)
+    if args.family in hf.HEAD_DIM_FAMILIES:  # heads of their own width, apart from H/NH (8 here)
+        base.update(D=16)
     if args.family == "mixtral":  # its experts and experts per token are symbols too (tracing.hf.MOE_SYMBOLS)
         base.update(E=hf.EXPERTS, K=hf.TOP_K)
     if args.framework == "megatron":  # every parameter a multiple of 64 elements, their sum of 128: no buffer padding
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         **({"attention": ATTENTION[args.framework]} if args.framework in ATTENTION else {}),
         "symbols": {"B": "micro-batch sequences", "S": "sequence length", "H": "hidden size", "NH": "attention heads",
                     "KV": "key-value heads", "F": "FFN width", "V": "vocabulary",
-                    **({"E": "experts", "K": "experts per token"} if "E" in base else {})},
+                    **({"E": "experts", "K": "experts per token"} if "E" in base else {}),
+                    **({"D": "head dimension"} if "D" in base else {})},
         "base_dims": base,
         **({"moe": {"experts": "E", "top_k": "K"}} if args.family == "mixtral" else {}),
         **ledger,

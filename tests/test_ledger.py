@@ -331,6 +331,35 @@ def test_a_mixtral_config_of_16_experts_top_4_ranks_under_transformers(tmp_path:
     assert rows and all((r["gx"], r["gy"], r["gz"], r["gdata"]) == (1, 1, 1, 8) for r in rows)
 
 
+def test_qwen3s_ledger_runs_heads_of_their_own_width_and_a_norm_on_each_query_and_key_head(tmp_path: Path) -> None:
+    """Qwen3's block (transformers' ``Qwen3Attention``) is Llama's plus an RMSNorm on every query and key head, with
+    heads of ``head_dim`` features apart from H/NH, a symbol (D) of its ledger: Qwen3-0.6B's 16 heads of 128 are 2,048
+    wide on a 1,024-wide model. By hand, per token: the query GEMM's flops 2·H·NH·D, the attention's 4·S·NH·D
+    (the causal half priced), four RMSNorms a block forward (four ``rsqrt``), the query norm's fp32 square reading
+    4·NH·D bytes under autocast. A Qwen3 config.json reads as family qwen3 and is traced for."""
+    from axoplan.cost.ledger import traced_for
+    from axoplan.inputs.model import load_model
+
+    ledger = load_ledger("hf-autocast", "qwen3")
+    sym = {"B": 1, "S": 2048, "H": 1024, "NH": 16, "KV": 8, "F": 3072, "V": 151936, "D": 128}
+    tokens = sym["B"] * sym["S"]
+    ops = [op for op in ledger.ops("block_forward") if op.op_class != "view"]
+    gemm_flops = sorted(_value(op.flops, sym) / tokens for op in ops if op.op_class == "gemm")
+    assert 2 * 1024 * 16 * 128 in gemm_flops and 2 * 16 * 128 * 1024 in gemm_flops
+    [attention] = [op for op in ops if op.op_class == "attention"]
+    assert _value(attention.flops, sym) == 4 * tokens * 2048 * 16 * 128
+    assert sum(op.count for op in ops if op.op.startswith("rsqrt")) == 4
+    squares = sorted(_value(op.read, sym) / tokens for op in ops if op.op.startswith("pow"))
+    assert 4 * 16 * 128 in squares and 4 * 8 * 128 in squares
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28,
+                                  "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                                  "intermediate_size": 3072, "vocab_size": 151936, "hidden_act": "silu"}))
+    model = load_model(str(config))
+    assert model.family == "qwen3" and model.head_dim == 128 and traced_for("hf-autocast", model)
+    assert ledger_family(model) == "qwen3"
+
+
 def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_traced(tmp_path: Path) -> None:
     """A GPT-2 config.json is ranked as transformers trains it (hf-transformers); a preset, and a mixture no ledger
     was traced for, as Megatron-AxoNN (axonn)."""

@@ -6,11 +6,11 @@ code on CPU (``benchmarks/derive_ledger.py``: the aten ops below autograd, with 
 rest of the forward or backward: embeddings, final norm, LM head and loss), with its class, how many times
 the scope runs it, and the bytes it reads and writes as sums of monomials in the model's dimensions::
 
-    bytes = Σ c · B^b · S^s · H^h · NH^n · KV^k · F^f · V^v · E^e · K^t
+    bytes = Σ c · B^b · S^s · H^h · NH^n · KV^k · F^f · V^v · E^e · K^t · D^d
 
 (``B`` sequences per micro-batch on this GPU, ``S`` sequence length, ``H`` hidden size, ``NH`` and ``KV``
 query and key-value heads, ``F`` FFN width, ``V`` vocabulary; a mixture's ``E`` experts and ``K`` experts per
-token). GEMM and attention entries carry their flops
+token; ``D`` the heads' width where the family sets it apart from H/NH). GEMM and attention entries carry their flops
 the same way; what autograd keeps for the backward (saved-tensor hooks) is a list of monomials per scope.
 
 :func:`price_ledger` prices every entry for every candidate at once (Calculon's per-op ledger priced by one
@@ -167,7 +167,7 @@ def ledger_family(model: ModelSpec) -> str:
     known, else GPT-2's blocks for a GeLU MLP with biases and Llama's for a SwiGLU one."""
     if model.moe is not None:
         return "mixtral"
-    if model.family in ("gpt2", "llama", "gpt-neox", "mpt"):  # a config's Mistral, Qwen2 and Qwen3 read as llama
+    if model.family in ("gpt2", "llama", "qwen3", "gpt-neox", "mpt"):  # a config's Mistral and Qwen2 read as llama
         return str(model.family)
     return "llama" if model.ffn_kind == "swiglu" else "gpt2"
 
@@ -270,11 +270,12 @@ def symbols(model: ModelSpec, seq_len: int, c: Candidates) -> dict[str, Floats]:
 
 
 def model_dims(model: ModelSpec, seq_len: int) -> dict[str, float]:
-    """Every ledger symbol but ``B``: the model's dimensions and the sequence length."""
+    """Every ledger symbol but ``B``: the model's dimensions (``D`` the heads' width, a symbol of the ledgers of
+    families that set it apart from H/NH, Qwen3's) and the sequence length."""
     experts, top_k = (model.moe.num_experts, model.moe.top_k) if model.moe is not None else (1, 1)
     return {"S": float(seq_len), "H": float(model.hidden), "NH": float(model.num_heads),
             "KV": float(model.kv_heads), "F": float(_ffn(model)), "V": float(model.vocab), "E": float(experts),
-            "K": float(top_k)}
+            "K": float(top_k), "D": float(model.head_dim)}
 
 
 def _ffn(model: ModelSpec) -> int:

@@ -161,6 +161,12 @@ def _llama(data: Config) -> Fields:
     return _llama_like(data, "llama")
 
 
+def _qwen3(data: Config) -> Fields:
+    """Llama's block with an RMSNorm on every query and key head (``Qwen3Attention.q_norm``, ``k_norm``)."""
+    _dense(data)
+    return _llama_like(data, "qwen3")
+
+
 def _gpt2(data: Config) -> Fields:
     """GPT-2 (``GPT2Config``): Conv1D linears with biases, LayerNorm, learned positions, tied head."""
     _dense(data)
@@ -230,7 +236,7 @@ def _deepseek(data: Config) -> Fields:
 
 
 READERS: dict[str, Callable[[Config], Fields]] = {
-    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _qwen3,
     "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe,
     "deepseek": _deepseek, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
 }

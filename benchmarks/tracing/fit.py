@@ -57,7 +57,7 @@ def derive(family: str, precision: str, base: dict[str, int], framework: str = "
     """Trace at `base` and with each symbol doubled; return the ledger as data."""
     trace = step_tracer(framework)
     runs = {"base": trace(family, base, precision)}
-    for sym in SYMBOLS + (MOE_SYMBOLS if "E" in base else ()):
+    for sym in SYMBOLS + (MOE_SYMBOLS if "E" in base else ()) + (("D",) if "D" in base else ()):
         if sym == "KV" and family not in GQA_FAMILIES:
             continue
         dims = dict(base)

@@ -39,6 +39,11 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                vocab_size=v, max_position_embeddings=s, rotary_pct=0.25, use_parallel_residual=True,
                                hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=0, eos_token_id=0)
         cls = tr.GPTNeoXForCausalLM
+    elif family == "qwen3":  # Llama's block with RMSNorms on q and k per head, and heads of their own width
+        cfg = tr.Qwen3Config(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
+                             head_dim=dims["D"], intermediate_size=f, vocab_size=v, max_position_embeddings=s,
+                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+        cls = tr.Qwen3ForCausalLM
     elif family == "mixtral":
         cfg = tr.MixtralConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
                                intermediate_size=f, vocab_size=v, max_position_embeddings=s,
@@ -47,7 +52,7 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = tr.MixtralForCausalLM
     else:
-        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, gpt-neox, mixtral")
+        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen3, gpt-neox, mixtral")
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = cls(cfg)
@@ -57,8 +62,11 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
     return model
 
 
-GQA_FAMILIES = ("llama", "mixtral")
+GQA_FAMILIES = ("llama", "qwen3", "mixtral")
 """Families whose key-value heads are their own dimension (grouped-query attention)."""
+
+HEAD_DIM_FAMILIES = ("qwen3",)
+"""Families whose heads' width is its own dimension (``head_dim``, the ledger symbol ``D``), not H/NH."""
 
 EXPERTS, TOP_K = 8, 2
 """Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): the base the
