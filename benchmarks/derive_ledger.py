@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         base.update(NH=8, H=64)
     if args.family == "gpt-neox":  # rotary on a quarter of each head: whole even dimensions at every doubling
         base.update(H=64)
-    if args.family in hf.HEAD_DIM_FAMILIES:  # heads of their own width, apart from H/NH (8 here)
+    if args.family in hf.HEAD_DIM_FAMILIES and args.framework == "hf":  # heads of their own width, apart from H/NH
         base.update(D=16)
     if args.family == "mixtral":  # its experts and experts per token are symbols too (tracing.hf.MOE_SYMBOLS)
         base.update(E=hf.EXPERTS, K=hf.TOP_K)

@@ -31,7 +31,7 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
         cls: Any = tr.GPT2LMHeadModel
     elif family == "llama":
         cfg = tr.LlamaConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
-                             intermediate_size=f, vocab_size=v, max_position_embeddings=s, tie_word_embeddings=False,
+                             head_dim=dims.get("D", h // nh), intermediate_size=f, vocab_size=v, max_position_embeddings=s, tie_word_embeddings=False,
                              bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = tr.LlamaForCausalLM
     elif family == "gpt-neox":
@@ -65,8 +65,9 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
 GQA_FAMILIES = ("llama", "qwen3", "mixtral")
 """Families whose key-value heads are their own dimension (grouped-query attention)."""
 
-HEAD_DIM_FAMILIES = ("qwen3",)
-"""Families whose heads' width is its own dimension (``head_dim``, the ledger symbol ``D``), not H/NH."""
+HEAD_DIM_FAMILIES = ("llama", "qwen3")
+"""Families whose heads' width is a dimension of its own in transformers' code (``head_dim``, the ledger symbol
+``D``), not always H/NH (Qwen3's, Mistral-Nemo's)."""
 
 EXPERTS, TOP_K = 8, 2
 """Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): the base the
