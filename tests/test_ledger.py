@@ -115,7 +115,7 @@ def test_llama_keeps_what_saved_tensor_hooks_measured() -> None:
     40,704; SDPA keeps no scores), and a bf16 copy of every weight (2 B per parameter)."""
     ledger = load_ledger("hf-autocast", "llama")
     h, f, nh, kv, s, b = 4096, 14336, 32, 32, 2048, 1
-    sym = {"B": b, "S": s, "H": h, "NH": nh, "KV": kv, "F": f, "V": 128256}
+    sym = {"B": b, "S": s, "H": h, "NH": nh, "KV": kv, "F": f, "V": 128256, "D": h // nh}
     per_token = sum(t.coef * math.prod(sym[k] ** e for k, e in t.exps)
                     for t in ledger.saved["block_forward"] if not t.parameter_shaped) / (b * s)
     assert abs(per_token / (34 * h + 8 * f) - 1.0) < 0.01

@@ -31,8 +31,9 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
         cls: Any = tr.GPT2LMHeadModel
     elif family == "llama":
         cfg = tr.LlamaConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
-                             head_dim=dims.get("D", h // nh), intermediate_size=f, vocab_size=v, max_position_embeddings=s, tie_word_embeddings=False,
-                             bos_token_id=0, eos_token_id=0, pad_token_id=None)
+                             head_dim=dims.get("D", h // nh), intermediate_size=f, vocab_size=v,
+                             max_position_embeddings=s, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+                             pad_token_id=None)
         cls = tr.LlamaForCausalLM
     elif family == "gpt-neox":
         cfg = tr.GPTNeoXConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, intermediate_size=f,
