@@ -74,6 +74,11 @@ class GradSync(StrEnum):
     per_tensor = "per-tensor"
 
 
+class RecomputePolicy(StrEnum):
+    framework = "framework"
+    full = "full"
+
+
 @dataclass(frozen=True, slots=True)
 class Flag:
     """One command-line option: the Python parameter `name`, its declarations, type and default."""
@@ -142,6 +147,9 @@ RUN_FLAGS: tuple[Flag, ...] = (
     Flag("grad_sync", ("--grad-sync",), GradSync, GradSync.auto,
          "Replicated parameters' gradient all-reduce: flat (one call), per-tensor (AxoNN's sync_gradients) or auto "
          "(flat on megatron, per-tensor on hf)."),
+    Flag("recompute_policy", ("--recompute-policy",), RecomputePolicy, RecomputePolicy.framework,
+         "What --recompute reruns: framework (as the framework checkpoints: torchtitan's selective policy, full "
+         "elsewhere) or full (every block's whole forward: torchtitan's FullAC)."),
 )
 """One flag per RunOptions field, named by the field."""
 

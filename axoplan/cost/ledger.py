@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -134,6 +134,12 @@ class Ledger:
 
     def ops(self, scope: str) -> tuple[LedgerOp, ...]:
         return self.scopes.get(scope, ())
+
+    def fully_recomputed(self) -> Ledger:
+        """This ledger with a block's whole forward rerun under recompute and only its input kept (full recompute),
+        whatever checkpointing its framework's trace recorded (``--recompute-policy full``)."""
+        return replace(self, scopes={s: ops for s, ops in self.scopes.items() if s != "block_recompute"},
+                       saved={s: t for s, t in self.saved.items() if s != "block_checkpointed"})
 
     @property
     def recompute_scope(self) -> str:

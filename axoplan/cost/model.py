@@ -165,11 +165,14 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
 def framework_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine,
                      options: RunOptions) -> Ledger | None:
     """The framework's op ledger for `model` on the device, or None for a profile without one. Its attention runs
-    on the backend SDPA picks on the device (``Machine.kernels.default_attention``)."""
+    on the backend SDPA picks on the device (``Machine.kernels.default_attention``); under ``--recompute-policy
+    full`` a recompute reruns every block's whole forward (:meth:`Ledger.fully_recomputed`)."""
     name = profile.ledger_for(machine.device.kind)
     if name is None:
         return None
     ledger = load_ledger(name, shipped_family(name, ledger_family(model)))
+    if options.recompute_policy == "full":
+        ledger = ledger.fully_recomputed()
     if ledger.moe and options.moe_module != "transformers":  # its op list runs transformers' experts
         raise AxoplanError(f"--framework {profile.name} runs transformers' own experts, which its op ledger prices; "
                            f"--moe-impl {options.moe_impl} would price AxoNN's as well: use --moe-impl transformers "

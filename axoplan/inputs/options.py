@@ -35,8 +35,9 @@ __all__ = ["RunOptions", "Choice", "LATER_FIELDS"]
 
 Choice = Literal["on", "off", "search"]
 
-LATER_FIELDS = ("axonn_path", "moe_impl", "expert_tp", "backward_gather", "grad_sync")
-"""Options added by issue 24: left out of every dump while at their default (earlier outputs unchanged)."""
+LATER_FIELDS = ("axonn_path", "moe_impl", "expert_tp", "backward_gather", "grad_sync", "recompute_policy")
+"""Options added after the first plans (issue 24, then issue 29's ``recompute_policy``): left out of every dump while at
+their default (earlier outputs unchanged)."""
 
 
 class RunOptions(Frozen):
@@ -96,6 +97,10 @@ class RunOptions(Frozen):
     grad_sync: Literal["auto", "flat", "per-tensor"] = Field(
         "auto", description="Gradient all-reduce of replicated parameters: flat (one call), per-tensor (AxoNN's "
         "sync_gradients, one call per parameter tensor) or auto (flat on the megatron path, per-tensor on hf).")
+    recompute_policy: Literal["framework", "full"] = Field(
+        "framework", description="What a recompute reruns: the framework's own checkpointing as its op ledger traced "
+        "it (torchtitan: its selective policy; every other framework: full), or full (every block's whole forward "
+        "again, keeping only its input: torchtitan's FullAC).")
 
     @model_validator(mode="before")
     @classmethod
