@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from tests.conftest import REPO
@@ -10,6 +11,7 @@ from tests.conftest import REPO
 NOTEBOOK = REPO / "notebooks" / "walkthrough.ipynb"
 
 
+@pytest.mark.slow  # 28 s: the quick tier stays under 8 minutes on 2 cores (README)
 def test_walkthrough_notebook_executes() -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3",
