@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         base.update(H=64)
     if args.family in hf.HEAD_DIM_FAMILIES and args.framework == "hf":  # heads of their own width, apart from H/NH
         base.update(D=16)
-    if args.family == "mixtral":  # its experts and experts per token are symbols too (tracing.hf.MOE_SYMBOLS)
+    if args.family == "mixtral":  # its experts and experts per token are symbols too (tracing.hf.EXPERTS)
         base.update(E=hf.EXPERTS, K=hf.TOP_K)
     if args.framework == "megatron":  # every parameter a multiple of 64 elements, their sum of 128: no buffer padding
         base.update({"H": 64, "F": 64} if args.family == "gpt2" else {"H": 128})

@@ -4,6 +4,8 @@ ledger's traced recompute; and FSDP's recompute, which gathers nothing (the back
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -167,9 +169,6 @@ def test_the_full_policy_reruns_the_whole_forward_and_keeps_only_inputs() -> Non
 def test_the_recompute_policy_through_the_cli() -> None:
     """``axoplan explain --recompute-policy full`` through its real entry point: Llama 3.1 8B on 8 H100s keeps 4.19 GB
     of activations under full recompute where the selective policy keeps 19.25 GB."""
-    import subprocess
-    import sys
-
     def activations(policy: str) -> float:
         done = subprocess.run([sys.executable, "-m", "axoplan", "explain", "--model", "llama3.1-8B", "--gpus", "8",
                                "--machine", "dgx-h100", "--framework", "torchtitan", "--seq-len", "8192",

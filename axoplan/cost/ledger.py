@@ -150,8 +150,9 @@ class Ledger:
         """The share of a block's forward flops of `op_class` (``gemm``: the 4D linears' GEMMs; ``attention``) that a
         recompute reruns: 1 under full recompute; under a selective policy the traced recompute's flops over the
         forward's (torchtitan's: about a third of a Llama block's GEMM flops, no attention)."""
+        dims = {"B": 1.0, **model_dims(model, seq_len)}
+
         def flops(scope: str) -> float:
-            dims = {"B": 1.0, **model_dims(model, seq_len)}
             return sum(op.count * t.coef * math.prod(dims[s] ** e for s, e in t.exps)
                        for op in self.ops(scope) if op.op_class == op_class and not op.grouped for t in op.flops)
         forward = flops("block_forward")

@@ -87,8 +87,7 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
                       options: RunOptions | None = None, ledger: LedgerCost | None = None) -> tuple[Floats, Floats]:
     """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/inputs/framework.py``):
     every block's forward, what its checkpointing reruns when recomputed (with the checkpoint's bookkeeping), its
-    backward,
-    then the head's forward and backward (the ledger's ops, where the framework has one; the blocks' host work
+    backward, then the head's forward and backward (the ledger's ops, where the framework has one; the blocks' host work
     as replayed where its profile measured it, ``FrameworkProfile.host_replay``)."""
     rec = c.recompute.astype(np.float64)
     if ledger is not None:

@@ -16,8 +16,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from .hf import GQA_FAMILIES, MOE_SYMBOLS
-from .recorder import SYMBOLS, activation_axis, is_view, op_class
+from .hf import GQA_FAMILIES
+from .recorder import activation_axis, is_view, op_class
 
 StepTrace = tuple[dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int]]], int]
 """What a step tracer returns: (ops per scope, saved storages per scope, parameters)."""
@@ -54,10 +54,11 @@ def _monomial(count: int, exps: dict[str, int], dims: dict[str, int]) -> tuple[f
 
 
 def derive(family: str, precision: str, base: dict[str, int], framework: str = "hf") -> dict[str, Any]:
-    """Trace at `base` and with each symbol doubled; return the ledger as data."""
+    """Trace at `base` and with each of its symbols doubled (the model's dimensions, and a family's experts, top-k or
+    heads' width where `base` has them); return the ledger as data."""
     trace = step_tracer(framework)
     runs = {"base": trace(family, base, precision)}
-    for sym in SYMBOLS + (MOE_SYMBOLS if "E" in base else ()) + (("D",) if "D" in base else ()):
+    for sym in base:
         if sym == "KV" and family not in GQA_FAMILIES:
             continue
         dims = dict(base)

@@ -74,10 +74,7 @@ EXPERTS, TOP_K = 8, 2
 """Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): the base the
 mixture's ledger is traced at. Its op list does not change with them (transformers' grouped experts: one routing
 pass and one grouped GEMM each way for all experts), so they are symbols of the fit, ``E`` and ``K``, like the
-model's dimensions (:data:`MOE_SYMBOLS`)."""
-
-MOE_SYMBOLS = ("E", "K")
-"""A mixture's experts and experts per token, as ledger symbols."""
+model's dimensions."""
 
 
 @contextmanager
