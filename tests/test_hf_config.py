@@ -81,7 +81,7 @@ def _config(tmp_path: Path, name: str, data: dict) -> Path:
     # Pythia (Biderman et al. 2023), Table 1 and the model card: 1,414,647,808 parameters
     (PYTHIA_1_4B, "gpt-neox", 1_414_647_808, None, 0.0001),
     # Qwen2 technical report (2024), Table 1: 0.49B (q/k/v biases counted)
-    (QWEN2_0_5B, "llama", 0.49e9, None, 0.01),
+    (QWEN2_0_5B, "qwen2", 0.49e9, None, 0.01),
     # Qwen blog "Qwen1.5-MoE: Matching 7B Model Performance with 1/3 Activated Parameters" (2024): 14.3B, 2.7B
     (QWEN1_5_MOE, "qwen2-moe", 14.3e9, 2.7e9, 0.01),
     # OLMoE (Muennighoff et al. 2024), abstract and Table 1: 6.9B total, 1.3B active

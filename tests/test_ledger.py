@@ -19,6 +19,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -358,6 +359,43 @@ def test_qwen3s_ledger_runs_heads_of_their_own_width_and_a_norm_on_each_query_an
     model = load_model(str(config))
     assert model.family == "qwen3" and model.head_dim == 128 and traced_for("hf-autocast", model)
     assert ledger_family(model) == "qwen3"
+
+
+def test_qwen2s_ledger_runs_its_query_key_and_value_biases(tmp_path: Path) -> None:
+    """Qwen2's block (transformers' ``Qwen2Attention``: q/k/v_proj with biases, o_proj without) is Llama's with three
+    biased GEMMs (``addmm``) where Llama runs ``mm``, under autocast three bias casts to bf16 a forward, and three
+    bias-gradient sums a backward reading the bf16 output gradient: 2·(NH + 2·KV)·D bytes per token. A Qwen2
+    config.json reads as family qwen2, traced for by transformers' ledgers; a framework that traced no Qwen2
+    (torchtitan, Megatron) prices it, like Qwen3, with its Llama op list, not GPT-2's."""
+    from axoplan.cost.ledger import shipped_family, traced_for
+    from axoplan.inputs.model import load_model
+
+    ledger, llama = load_ledger("hf-autocast", "qwen2"), load_ledger("hf-autocast", "llama")
+    sym = {"B": 1, "S": 2048, "H": 3584, "NH": 28, "KV": 4, "F": 18944, "V": 152064, "D": 128}
+    tokens = sym["B"] * sym["S"]
+
+    def count(scope: str, name: str, of: Any = ledger) -> int:
+        return sum(op.count for op in of.ops(scope) if op.op.startswith(name))
+
+    assert count("block_forward", "addmm") == 3 and count("block_forward", "mm.") == count("block_forward", "mm.",
+                                                                                           llama) - 3
+    assert count("block_forward", "_to_copy") == count("block_forward", "_to_copy", llama) + 3
+    extra = count("block_backward", "sum.") - count("block_backward", "sum.", llama)
+    assert extra == 3
+    sums = sorted(_value(op.read, sym) / tokens for op in ledger.ops("block_backward") if op.op.startswith("sum.")
+                  for _ in range(op.count))
+    bias_grads = [b for b in sums if b < 4 * sym["H"]]  # the norms' weight gradients sum the fp32 4·H per token
+    kv_width = sym["KV"] * sym["H"] // sym["NH"]
+    assert bias_grads == [2 * kv_width, 2 * kv_width, 2 * sym["H"]]  # k, v, q: bf16 dY read once each
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+                                  "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+                                  "vocab_size": 152064, "hidden_act": "silu"}))
+    model = load_model(str(config))
+    assert model.family == "qwen2" and model.qkv_bias and traced_for("hf-autocast", model)
+    assert ledger_family(model) == "qwen2" and shipped_family("hf-bf16", "qwen2") == "qwen2"
+    assert shipped_family("torchtitan", "qwen2") == "llama" and not traced_for("torchtitan", model)
+    assert shipped_family("megatron", "qwen3") == "llama" and shipped_family("megatron", "gpt-neox") == "gpt2"
 
 
 def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_traced(tmp_path: Path) -> None:

@@ -174,7 +174,7 @@ def ledger_family(model: ModelSpec) -> str:
     known, else GPT-2's blocks for a GeLU MLP with biases and Llama's for a SwiGLU one."""
     if model.moe is not None:
         return "mixtral"
-    if model.family in ("gpt2", "llama", "qwen3", "gpt-neox", "mpt"):  # a config's Mistral and Qwen2 read as llama
+    if model.family in ("gpt2", "llama", "qwen2", "qwen3", "gpt-neox", "mpt"):  # a config's Mistral reads as llama
         return str(model.family)
     return "llama" if model.ffn_kind == "swiglu" else "gpt2"
 
@@ -197,14 +197,21 @@ def traced_for(name: str, model: ModelSpec) -> bool:
     return load_ledger(name, family).moe and model.moe.shared_experts == 0 and model.family in (None, "mixtral")
 
 
+NEAREST_FAMILY = {"qwen2": "llama", "qwen3": "llama"}
+"""The traced family whose op list is nearest a family's where a framework traced none for it: Qwen2's and Qwen3's
+blocks are Llama's plus their q/k/v biases or per-head norms."""
+
+
 def shipped_family(name: str, family: str) -> str:
-    """`family` where ledger `name` was traced for it, else the first family it was traced for (GPT-2's blocks):
-    a model family no trace covers is priced with the nearest traced op list, and its interval says so."""
+    """`family` where ledger `name` was traced for it, else its nearest traced family (:data:`NEAREST_FAMILY`),
+    else the first family it was traced for (GPT-2's blocks): a model family no trace covers is priced with the
+    nearest traced op list, and its interval says so."""
     folder = shipped_folder("frameworks") / "ledgers"
-    if (folder / f"{name}-{family}.json").is_file():
-        return family
     traced = sorted(p.stem[len(name) + 1:] for p in folder.glob(f"{name}-*.json"))
-    return "gpt2" if "gpt2" in traced else (traced[0] if traced else family)
+    for candidate in (family, NEAREST_FAMILY.get(family), "gpt2"):
+        if candidate in traced:
+            return candidate
+    return traced[0] if traced else family
 
 
 @cache

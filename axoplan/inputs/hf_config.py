@@ -161,6 +161,12 @@ def _llama(data: Config) -> Fields:
     return _llama_like(data, "llama")
 
 
+def _qwen2(data: Config) -> Fields:
+    """Llama's block with biases on the query, key and value projections (``Qwen2Attention``)."""
+    _dense(data)
+    return _llama_like(data, "qwen2")
+
+
 def _qwen3(data: Config) -> Fields:
     """Llama's block with an RMSNorm on every query and key head (``Qwen3Attention.q_norm``, ``k_norm``)."""
     _dense(data)
@@ -236,7 +242,7 @@ def _deepseek(data: Config) -> Fields:
 
 
 READERS: dict[str, Callable[[Config], Fields]] = {
-    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _qwen3,
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama, "qwen2": _qwen2, "qwen3": _qwen3,
     "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe,
     "deepseek": _deepseek, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
 }

@@ -53,10 +53,11 @@ __all__ = ["ModelSpec", "MoESpec", "Family", "LinearLayer", "BLOCK_LAYERS", "MOE
 Role = Literal["attention", "mlp", "head"]
 IntLike = TypeVar("IntLike", int, "npt.NDArray[np.int64]")
 Feeds = Literal["norm", "attention", "activation"]
-Family = Literal["llama", "qwen3", "gpt2", "gpt-neox", "mpt", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "deepseek"]
+Family = Literal["llama", "qwen2", "qwen3", "gpt2", "gpt-neox", "mpt", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe",
+                 "deepseek"]
 """The architecture a model was read as (its Hugging Face ``model_type``, ``axoplan.inputs.hf_config``):
-Llama/Mistral/Qwen2 blocks are "llama" (pre-norm RMSNorm, rotary, SwiGLU); Qwen3's, which add an RMSNorm on each query
-and key head, "qwen3"."""
+Llama/Mistral blocks are "llama" (pre-norm RMSNorm, rotary, SwiGLU); Qwen2's, which add biases to the query, key and
+value projections, "qwen2"; Qwen3's, which add an RMSNorm on each query and key head, "qwen3"."""
 
 LATER_MODEL_FIELDS: dict[str, object] = {"family": None, "attention_head_dim": None, "qkv_bias": False}
 """Fields added by issue 30, with their defaults: left out of every dump at them, so models, plan ids and saved

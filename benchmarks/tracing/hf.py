@@ -45,6 +45,12 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                              head_dim=dims["D"], intermediate_size=f, vocab_size=v, max_position_embeddings=s,
                              tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = tr.Qwen3ForCausalLM
+    elif family == "qwen2":  # Llama's block with biases on the query, key and value projections (Qwen2Attention)
+        cfg = tr.Qwen2Config(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
+                             intermediate_size=f, vocab_size=v, max_position_embeddings=s,
+                             use_sliding_window=False, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+                             pad_token_id=None)
+        cls = tr.Qwen2ForCausalLM
     elif family == "mixtral":
         cfg = tr.MixtralConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
                                intermediate_size=f, vocab_size=v, max_position_embeddings=s,
@@ -53,7 +59,7 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = tr.MixtralForCausalLM
     else:
-        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen3, gpt-neox, mixtral")
+        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen2, qwen3, gpt-neox, mixtral")
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = cls(cfg)
@@ -63,7 +69,7 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
     return model
 
 
-GQA_FAMILIES = ("llama", "qwen3", "mixtral")
+GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral")
 """Families whose key-value heads are their own dimension (grouped-query attention)."""
 
 HEAD_DIM_FAMILIES = ("llama", "qwen3")
