@@ -53,6 +53,7 @@ from axoplan.space.candidates import Candidates
 from axoplan.space.layout import activation_split
 
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
+           "evaluate_ledger", "EvaluatedLedger",
            "ledger_family", "attention_curve", "attention_efficiency", "ledger_class_columns", "shipped_family",
            "per_step_s", "traced_for", "sync_stall_s", "NOT_KERNELS", "OpRow", "op_rows"]
 
@@ -351,77 +352,100 @@ def attention_efficiency(machine: Machine, backend: str | None, seq_len: int) ->
 
 def price_ledger(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates,
                  hf_path: bool = True, attention: str = "flash") -> LedgerCost:
-    """Price every entry of `ledger` for every candidate (see the module docstring). A mixture is refused in one line
-    with a dense model's ledger (its op list runs no router or experts). `attention`: the run's
-    ``--attention``, which sets the kernel only where the ledger's code takes it from the run
-    (:meth:`Ledger.attention_kernel`)."""
+    """Price every entry of `ledger` for every candidate (see the module docstring): :func:`evaluate_ledger`, then
+    :meth:`EvaluatedLedger.price`. A mixture is refused in one line with a dense model's ledger (its op list runs no
+    router or experts). `attention`: the run's ``--attention``, which sets the kernel only where the ledger's code
+    takes it from the run (:meth:`Ledger.attention_kernel`)."""
+    return evaluate_ledger(ledger, model, seq_len, c, hf_path, attention).price(machine)
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluatedOp:
+    """One ledger entry's machine-free numbers for every candidate: the bytes one call reads and writes, the flops
+    it computes (empty terms: zero)."""
+
+    scope: str
+    op: LedgerOp
+    nbytes: Floats
+    flops: Floats
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluatedLedger:
+    """A ledger's monomials evaluated for a model, a sequence length and candidates: everything pricing needs that no
+    machine number changes (bytes, flops, kernels and host ops per scope, saved bytes), so that a fit or a
+    sensitivity that moves the machine's numbers prices it again without evaluating it again (``docs/algorithm.md``:
+    compiled once per model and options, repriced per machine)."""
+
+    ledger: Ledger
+    ops: tuple[EvaluatedOp, ...]
+    kernels: dict[str, float]
+    host_ops: dict[str, float]
+    saved_bytes: dict[str, Floats]
+    zeros: Floats
+    attention_kernel: str | None
+    seq_len: int
+    recompute_gemm_share: float
+
+    def price(self, machine: Machine) -> LedgerCost:
+        """Every entry's device seconds on `machine` by the one routine (:meth:`seconds`), summed per scope and
+        class."""
+        attn_rate = machine.peak_flops * attention_efficiency(machine, self.attention_kernel, self.seq_len)
+        seconds: dict[tuple[str, str], Floats] = {}
+        for e in self.ops:
+            t = self.seconds(e, machine, attn_rate)
+            if t is None:
+                continue  # a view, or a 4D linear's GEMM: the tile model prices it with its collectives (cost.layers)
+            key = (e.scope, e.op.op_class)
+            seconds[key] = seconds.get(key, 0.0) + t
+        ledger = self.ledger
+        return LedgerCost(seconds, self.kernels, self.host_ops, self.saved_bytes, ledger.optimizer_bytes_per_param,
+                          ledger.recompute_scope, self.recompute_gemm_share, ledger.optimizer_shard_bytes_per_param)
+
+    def seconds(self, e: EvaluatedOp, machine: Machine, attn_rate: float) -> Floats | None:
+        """Device seconds of the op's ``count`` calls per scope run; None for a view and for a 4D linear's GEMM (the
+        tile model prices that one, with its collectives)."""
+        op = e.op
+        if op.op_class == "view" or (op.op_class == "gemm" and not op.grouped):
+            return None
+        if op.op_class == "host_sync":
+            return op.count * sync_stall_s(machine) + 0.0 * self.zeros
+        if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
+            return op.count * e.flops / _gemm_rate(machine, op.dtype)
+        if op.op_class == "attention":
+            return op.count * 0.5 * e.flops / attn_rate  # the causal half
+        bw = machine.device.hbm_bandwidth_gbs * 1e9
+        return op.count * e.nbytes / (bw * _efficiency(machine, op.op_class))
+
+
+def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidates, hf_path: bool = True,
+                    attention: str = "flash") -> EvaluatedLedger:
+    """`ledger`'s monomials for every candidate (:class:`EvaluatedLedger`); a mixture with a dense model's ledger is
+    refused in one line."""
     if model.moe is not None and not ledger.moe:
         raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for a dense model, not a mixture "
                            "of experts: trace one (benchmarks/derive_ledger.py --family mixtral) or use --framework "
                            "axonn")
-    pricer = _Pricer.of(ledger, machine, model, seq_len, c, hf_path, attention)
-    seconds: dict[tuple[str, str], Floats] = {}
+    gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
+    split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, hf_path))
+    shard = _Split(gx * gy, split_x, split_y)  # the hf path's view: activations whole
+    sym = symbols(model, seq_len, c)
+    experts = model.moe.num_experts if model.moe is not None else 1
+    ops: list[EvaluatedOp] = []
     kernels: dict[str, float] = {}
     host: dict[str, float] = {}
-    experts = model.moe.num_experts if model.moe is not None else 1
     for scope in SCOPES:
         kernels[scope], host[scope] = 0.0, 0.0
         for op in ledger.ops(scope):
             host[scope] += op.count * max(1, ledger.kernels_per_call(op, experts))
-            if op.op_class == "view":
-                continue
-            kernels[scope] += op.count * ledger.kernels_per_call(op, experts)
-            t = pricer.seconds(op)
-            if t is None:
-                continue  # a 4D linear's GEMM: the tile model prices it with its collectives (axoplan.cost.layers)
-            key = (scope, op.op_class)
-            seconds[key] = seconds.get(key, 0.0) + t
-    saved = {scope: _evaluate(terms, pricer.sym, pricer.shard) for scope, terms in ledger.saved.items()}
+            kernels[scope] += op.count * ledger.kernels_per_call(op, experts)  # none for a view
+            ops.append(EvaluatedOp(scope, op, _evaluate(op.read, sym, shard) + _evaluate(op.write, sym, shard),
+                                   _evaluate(op.flops, sym, shard)))
+    saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
     saved["rest_forward_logits"] = _evaluate(tuple(t for t in ledger.saved.get("rest_forward", ()) if t.per_logit),
-                                             pricer.sym, pricer.shard)  # the part a chunked loss keeps 1/chunks of
-    return LedgerCost(seconds, kernels, host, saved, ledger.optimizer_bytes_per_param, ledger.recompute_scope,
-                      ledger.recompute_share("gemm", model, seq_len), ledger.optimizer_shard_bytes_per_param)
-
-
-@dataclass(frozen=True, slots=True)
-class _Pricer:
-    """The one routine that prices a ledger entry (the module docstring's rules), for every candidate at once."""
-
-    machine: Machine
-    sym: dict[str, Floats]
-    shard: _Split
-    attn_rate: float
-
-    @classmethod
-    def of(cls, ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c: Candidates, hf_path: bool,
-           attention: str) -> _Pricer:
-        gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
-        split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, hf_path))
-        shard = _Split(gx * gy, split_x, split_y)  # the hf path's view: activations whole
-        rate = machine.peak_flops * attention_efficiency(machine, ledger.attention_kernel(attention), seq_len)
-        return cls(machine, symbols(model, seq_len, c), shard, rate)
-
-    def nbytes(self, op: LedgerOp) -> Floats:
-        """Bytes one call reads and writes, per candidate."""
-        return _evaluate(op.read, self.sym, self.shard) + _evaluate(op.write, self.sym, self.shard)
-
-    def flops(self, op: LedgerOp) -> Floats:
-        """Flops one call computes (attention: all of them; the causal half is what :meth:`seconds` prices)."""
-        return _evaluate(op.flops, self.sym, self.shard)
-
-    def seconds(self, op: LedgerOp) -> Floats | None:
-        """Device seconds of the op's ``count`` calls per scope run; None for a view and for a 4D linear's GEMM (the
-        tile model prices that one, with its collectives)."""
-        if op.op_class == "view" or (op.op_class == "gemm" and not op.grouped):
-            return None
-        if op.op_class == "host_sync":
-            return op.count * sync_stall_s(self.machine) + 0.0 * self.shard.params
-        if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
-            return op.count * self.flops(op) / _gemm_rate(self.machine, op.dtype)
-        if op.op_class == "attention":
-            return op.count * 0.5 * self.flops(op) / self.attn_rate  # the causal half
-        bw = self.machine.device.hbm_bandwidth_gbs * 1e9
-        return op.count * self.nbytes(op) / (bw * _efficiency(self.machine, op.op_class))
+                                             sym, shard)  # the part a chunked loss keeps 1/chunks of
+    return EvaluatedLedger(ledger, tuple(ops), kernels, host, saved, shard.params * 0.0,
+                           ledger.attention_kernel(attention), seq_len, ledger.recompute_share("gemm", model, seq_len))
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,14 +466,14 @@ def op_rows(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c:
             hf_path: bool = True, attention: str = "flash") -> list[OpRow]:
     """Every entry of `ledger` for candidate `i`, priced by the same routine as :func:`price_ledger` (``explain
     --wide`` lists them, to hold against a profiler trace op by op)."""
-    pricer = _Pricer.of(ledger, machine, model, seq_len, c.take(np.array([i])), hf_path, attention)
+    evaluated = evaluate_ledger(ledger, model, seq_len, c.take(np.array([i])), hf_path, attention)
+    attn_rate = machine.peak_flops * attention_efficiency(machine, evaluated.attention_kernel, seq_len)
     rows = []
-    for scope in SCOPES:
-        for op in ledger.ops(scope):
-            t = pricer.seconds(op)
-            seconds = 0.0 if op.op_class == "view" else (None if t is None else float(t[0]))
-            rows.append(OpRow(scope, op.op, op.op_class, op.count, float(pricer.nbytes(op)[0]),
-                              float(pricer.flops(op)[0]) if op.flops else 0.0, seconds))
+    for e in evaluated.ops:
+        op, t = e.op, evaluated.seconds(e, machine, attn_rate)
+        seconds = 0.0 if op.op_class == "view" else (None if t is None else float(t[0]))
+        rows.append(OpRow(e.scope, op.op, op.op_class, op.count, float(e.nbytes[0]),
+                          float(e.flops[0]) if op.flops else 0.0, seconds))
     return rows
 
 

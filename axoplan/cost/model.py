@@ -49,12 +49,13 @@ from axoplan.cost.communication import collective_terms
 from axoplan.cost.groups import GroupSet, compile_group_set
 from axoplan.cost.layers import Layers, layer_shapes, price_layers
 from axoplan.cost.ledger import (
+    EvaluatedLedger,
     Ledger,
     LedgerCost,
+    evaluate_ledger,
     ledger_class_columns,
     ledger_family,
     load_ledger,
-    price_ledger,
     shipped_family,
 )
 from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
@@ -100,6 +101,7 @@ class CompiledPlan:
     n_micro: Floats
     params: Floats
     ledger: Ledger | None
+    evaluated: EvaluatedLedger | None  # its monomials for these candidates, which no machine number changes
     ledger_costs: dict[tuple[object, ...], LedgerCost]  # the ledger priced, by the numbers it reads (_ledger_numbers)
     memory: MemoryBreakdown
     memory_columns: dict[str, Floats]
@@ -120,15 +122,16 @@ def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Can
     groups = compile_group_set(machine, c, options, native_moe=native)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)
     ledger = framework_ledger(profile, model, machine, options)
-    ledger_cost = None if ledger is None else price_ledger(ledger, machine, model, options.seq_len, c,
-                                                           hf_path=options.hf_path, attention=options.attention)
+    evaluated = None if ledger is None else evaluate_ledger(ledger, model, options.seq_len, c, options.hf_path,
+                                                            options.attention)
+    ledger_cost = None if evaluated is None else evaluated.price(machine)
     layers = layer_shapes(model, options, c, groups.float_sizes, tokens, profile)
     per_step = sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch, options.hf_path)
     n_micro = options.global_batch / per_step.astype(np.float64)
     memory = memory_per_gpu(model, options, c, profile, ledger_cost)
     costs = {} if ledger_cost is None else {_ledger_numbers(machine): ledger_cost}
     return CompiledPlan(model, options, c, profile, machine, groups, layers, tokens, n_micro,
-                        optimizer_params(model, c, options), ledger, costs, memory, memory.as_columns(),
+                        optimizer_params(model, c, options), ledger, evaluated, costs, memory, memory.as_columns(),
                         step_flops(model, options, c, ledger))
 
 
@@ -143,11 +146,10 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
     groups = plan.groups.price(machine)
     dilation = _core_sharing(machine, c)
     ledger = None
-    if plan.ledger is not None:
+    if plan.evaluated is not None:
         key = _ledger_numbers(machine)
         if key not in plan.ledger_costs:
-            plan.ledger_costs[key] = price_ledger(plan.ledger, machine, model, options.seq_len, c,
-                                                  hf_path=options.hf_path, attention=options.attention)
+            plan.ledger_costs[key] = plan.evaluated.price(machine)
         ledger = plan.ledger_costs[key]
     n_micro, tokens = plan.n_micro, plan.tokens
     layers = price_layers(plan.layers, model, machine, options, c, groups, tokens, dilation, ledger)
