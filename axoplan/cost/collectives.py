@@ -5,8 +5,11 @@ Bandwidth term: the ring volume per rank (Thakur, Rabenseifner & Gropp 2005),
 reduce-scatter, over the group's bus bandwidth. Latency term: an all-reduce pays
 ``2·⌈log2 p⌉`` steps, the depth of the trees and recursive doubling that NCCL and RCCL switch
 to for small messages (a pure ring's ``p-1`` steps would charge a 32,768-rank all-reduce
-65,534 latencies). All-gather and reduce-scatter have no tree in NCCL (ring, or NVLS and
-CollNet where the hardware has them: ``src/graph/tuning.cc``), so their latency is the ring's,
+65,534 latencies); on a CPU machine, whose ranks all-reduce with gloo, the ring's ``2(p − 1)``:
+gloo's ``allreduce`` (``gloo/allreduce.cc``, what ``ProcessGroupGloo`` calls for a dense CPU
+tensor) is a ring reduce-scatter then a ring all-gather at every size, with no tree.
+All-gather and reduce-scatter have no tree in NCCL (ring, or NVLS and CollNet where the
+hardware has them: ``src/graph/tuning.cc``), so their latency is the ring's,
 linear in the group ("the latency of ring increases linearly with the communicator size",
 NCCL issue 1712): ``(p − nodes)`` steps on the node's links and ``nodes − 1`` across the network,
 NCCL's own latency model; :func:`axoplan.cost.placement.place` sums them into the group's
@@ -46,8 +49,11 @@ class Shares:
     all_reduce_steps: Floats
 
     @classmethod
-    def of(cls, p: Floats) -> Shares:
-        return cls(np.asarray(p > 1), (p - 1.0) / p, 2.0 * (p - 1.0) / p, 2.0 * _steps(p))
+    def of(cls, p: Floats, ring_all_reduce: bool = False) -> Shares:
+        """The shares of groups of `p` members; `ring_all_reduce`: the all-reduce's latency is a ring's
+        ``2(p − 1)`` steps (gloo's, a CPU machine's), not a tree's ``2⌈log2 p⌉`` (NCCL's and RCCL's)."""
+        steps = 2.0 * (np.maximum(p, 1.0) - 1.0) if ring_all_reduce else 2.0 * _steps(p)
+        return cls(np.asarray(p > 1), (p - 1.0) / p, 2.0 * (p - 1.0) / p, steps)
 
     def take(self, index: npt.NDArray[np.int64]) -> Shares:
         """The shares of the groups at `index`."""

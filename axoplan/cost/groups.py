@@ -117,7 +117,8 @@ def compile_group_set(machine: Machine, c: Candidates, options: RunOptions, nati
         strides |= {"experts_tp": strides["z"], "experts_fsdp": strides["z"] * tp}
     names = list(sizes)
     all_strides, all_sizes = (np.concatenate([d[a] for a in names]) for d in (strides, sizes))
-    shares = {a: Shares.of(s.astype(np.float64)).take(back) for a, s in sizes.items()}
+    gloo = machine.device.kind == "cpu"  # a CPU machine's ranks run gloo (Machine.device.kind)
+    shares = {a: Shares.of(s.astype(np.float64), ring_all_reduce=gloo).take(back) for a, s in sizes.items()}
     return GroupSet({a: s[back] for a, s in sizes.items()}, {a: s[back] for a, s in strides.items()},
                     compile_groups(machine, all_strides, all_sizes), shares, back)
 

@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, PositiveInt
 
+from axoplan.cost.collectives import Shares
 from axoplan.executor.kernel_constants import kernels_yaml
 from axoplan.inputs.axes import AXES, strides
 from axoplan.inputs.machine import Orientation, merge_fragment
@@ -274,7 +275,7 @@ def _bandwidth_lines(result: ProbeResult) -> list[str]:
         points = [c for c in result.collectives if (c.stride, c.size) == (stride, size)]
         largest, smallest = max(c.nbytes for c in points), min(c.nbytes for c in points)
         bw = {c.op: bus_bandwidth_gbs(c.op, c.nbytes, size, c.seconds) for c in points if c.nbytes == largest}
-        lat = {c.op: c.seconds / _steps(c.op, size) * 1e6 for c in points if c.nbytes == smallest}
+        lat = {c.op: c.seconds / _steps(c.op, size, result.backend) * 1e6 for c in points if c.nbytes == smallest}
         detail = ", ".join(f"{op} {bw[op]:.3g}" for op in sorted(bw))
         latency = ", ".join(f"{op} {lat[op]:.0f}" for op in sorted(lat))
         value = _num(float(np.median(list(bw.values()))))
@@ -292,6 +293,9 @@ def _num(value: float) -> str:
     return text
 
 
-def _steps(op: str, size: int) -> float:
-    steps = math.ceil(math.log2(size))
-    return 2.0 * steps if op == "all_reduce" else float(steps)
+def _steps(op: str, size: int, backend: str) -> float:
+    """Latency steps of one call, as the cost model counts them (``axoplan.cost.collectives.Shares``): an
+    all-reduce's tree depth (NCCL, RCCL) or ring (gloo); all-gather and reduce-scatter as half of it."""
+    shares = Shares.of(np.array([float(size)]), ring_all_reduce=backend == "gloo")
+    steps = float(shares.all_reduce_steps[0])
+    return steps if op == "all_reduce" else steps / 2.0
