@@ -52,3 +52,25 @@ def test_less_bandwidth_is_never_faster(nbytes: float, p: int, bw: float, factor
     slow, fast = min(bw, bw * factor), max(bw, bw * factor)
     for fn in (all_reduce_s, all_gather_s):
         assert fn(a(nbytes), a(p), a(slow), a(3))[0] >= fn(a(nbytes), a(p), a(fast), a(3))[0]
+
+
+def test_gloo_all_reduces_in_a_ring_nccl_in_a_tree():
+    """A CPU machine's ranks run gloo, whose allreduce is a ring reduce-scatter then all-gather at every size
+    (gloo/allreduce.cc): 2(p − 1) latency steps; NCCL's and RCCL's trees pay 2⌈log2 p⌉. On local-cpu (500 µs per
+    step on loopback) an all-reduce over the 8 ranks of an X group pays 14 · 500 µs = 7 ms of latency; the same
+    machine read as a GPU's, 6 steps, 3 ms, and the same bandwidth term. A 2-rank group pays 2 steps either way."""
+    from axoplan.cost.groups import compile_group_set
+    from axoplan.inputs.machine import load_machine
+    from axoplan.inputs.options import RunOptions
+    from axoplan.space.candidates import Candidates
+    from axoplan.space.layout import Layout
+
+    cpu = load_machine("local-cpu")
+    gpu = cpu.model_copy(update={"device": cpu.device.model_copy(update={"kind": "gpu"})})
+    for layout, steps in ((Layout(8, 1, 1, 1), {"cpu": 14, "gpu": 6}), (Layout(2, 1, 1, 1), {"cpu": 2, "gpu": 2})):
+        c = Candidates.single(layout, 1, False, False)
+        rates = {m.device.kind: compile_group_set(m, c, RunOptions()).price(m).rates["x"] for m in (cpu, gpu)}
+        for kind, rate in rates.items():
+            assert rate.all_reduce_latency_s[0] == pytest.approx(steps[kind] * 500e-6)
+        extra = (steps["cpu"] - steps["gpu"]) * 500e-6
+        assert rates["cpu"].all_reduce_s(a(4096.0))[0] == pytest.approx(rates["gpu"].all_reduce_s(a(4096.0))[0] + extra)

@@ -119,6 +119,18 @@ def test_fragment_merges_into_a_machine_and_feeds_placement(name: str) -> None:
     assert machine.device == load_machine(name).device  # only the measured blocks changed
 
 
+def test_the_fragments_latency_per_step_counts_the_steps_the_cost_model_prices() -> None:
+    """The comment on each measured row gives µs per latency step at the smallest message: gloo's all-reduce is a
+    ring, 2(p − 1) steps (4 KiB in 1 ms on 4 ranks: 1000/6 = 167 µs), NCCL's a tree, 2⌈log2 p⌉ (1000/4 = 250 µs);
+    all-gather and reduce-scatter half of each (333 and 500 µs)."""
+    gloo = render_fragment(_result(), 0.1, "local-cpu", "now")
+    nccl = render_fragment(_result().model_copy(update={"backend": "nccl"}), 0.1, "dgx-h100", "now")
+    [gloo_row] = [line for line in gloo.splitlines() if "size: 4," in line]
+    [nccl_row] = [line for line in nccl.splitlines() if "size: 4," in line]
+    assert "all_gather 333, all_reduce 167, reduce_scatter 333" in gloo_row
+    assert "all_gather 500, all_reduce 250, reduce_scatter 500" in nccl_row
+
+
 def test_the_fragment_names_the_host_cpu_and_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU line comes from the one reader (axoplan.executor.hardware), after the header; a GPU
     probe (nccl) names the ranks' device; the fragment still merges and loads."""
