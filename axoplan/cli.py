@@ -29,6 +29,7 @@ COMMANDS = (  # name, function, the one line `axoplan --help` shows (whole at 80
     ("explain", explain.explain, "Explain one layout: its collectives, compute and memory."),
     ("machines", listing.machines, "List the machines that ship with axoplan."),
     ("models", listing.models, "List the model presets with their shapes and sizes."),
+    ("frameworks", listing.frameworks, "List the training frameworks a run can be priced as."),
     ("export", export.export, "Write the top layouts as launch configs and job scripts."),
     ("run", run.run, "Run a launch config on torch.distributed and record its time."),
     ("probe", probe.probe, "Measure this machine's GEMMs and collectives."),

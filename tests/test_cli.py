@@ -142,6 +142,24 @@ def test_machines_and_models_lists():
     assert p.returncode == 0 and "llama3.1-405B" in p.stdout and "405.9B" in p.stdout
 
 
+def test_frameworks_lists_how_each_prices_a_step_and_which_families_it_traced():
+    """Every shipped profile, one row each: its op ledger and the families traced for it (the ledger files'
+    names, frameworks/ledgers/<ledger>-<family>.json), or 'counted'; the devices its steps were measured on."""
+    from axoplan.cost.ledger import traced_families
+    from axoplan.inputs.framework import shipped_frameworks
+
+    out = run_cli("frameworks")
+    assert out.returncode == 0
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()[2:] if line and not line[0].isspace()}
+    assert set(shipped_frameworks()) <= set(rows)
+    assert rows["axonn"].split()[1] == "counted" and rows["megatron-deepspeed"].split()[1] == "counted"
+    assert "llama, qwen2, qwen3, gpt2, gpt-neox, mixtral" in rows["hf-transformers"]
+    assert rows["pytorch-fsdp"].split()[1:3] == ["llm-foundry", "mpt"]
+    assert "A100-SXM4-40GB, A100-SXM4-80GB" in rows["pytorch-fsdp"]
+    # the executor's bf16 and fp32 ledgers are two ledgers, each traced for GPT-2's blocks only
+    assert traced_families("executor") == traced_families("executor-fp32") == ("gpt2",)
+
+
 def searched_candidates(world: int, micro_batches: int) -> int:
     """Rows `rank` searches: per layout k! tensor-parallel orders (k of X, Y, Z above 1), times
     micro-batches, recompute on/off and caching on/off (caching only where Gz > 1)."""

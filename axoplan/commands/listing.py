@@ -1,4 +1,4 @@
-"""`axoplan machines` and `axoplan models`: what ships with axoplan."""
+"""`axoplan machines`, `axoplan models` and `axoplan frameworks`: what ships with axoplan."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-__all__ = ["machines", "models"]
+__all__ = ["machines", "models", "frameworks"]
 
 
 def machines() -> None:
@@ -53,3 +53,31 @@ def models() -> None:
     typer.echo(text_table(["model", "layers", "hidden", "heads", "kv heads", "ffn", "ffn kind", "vocab", "params"],
                           rows, [False] + [True] * 5 + [False, True, True]))
     typer.echo("\nany other model: --model path/to/model.yaml, or --layers/--hidden/--heads [--ffn-hidden ...]")
+
+
+def frameworks() -> None:
+    """List the framework profiles (``--framework``): how each prices a step (an op ledger traced from its code, for
+    the model families it was traced for, or host ops and kernels counted by hand) and where its steps were
+    measured."""
+    from axoplan.inputs.framework import frameworks_dir, load_framework, shipped_frameworks
+    from axoplan.report import text_table
+
+    rows = [_framework_row(name, load_framework(name)) for name in shipped_frameworks()]
+    typer.echo(text_table(["framework", "op ledger", "families traced", "measured on"], rows, [False] * 4))
+    typer.echo("\nop ledger: every op of a step, traced from the framework's code (frameworks/ledgers/), or 'counted': "
+               "host ops\nand kernels counted by hand; a model whose family no trace covers is priced with the "
+               "nearest traced family's\nops and its interval is wider (docs/uncertainty.md, reach); measured on: "
+               "devices whose measured steps of this\nframework stand for its error there, so its interval does not "
+               "widen on them (its YAML's measured_on)")
+    typer.echo(f"from {frameworks_dir()}; what each runs: its YAML there. Default --framework axonn, or "
+               "hf-transformers for a\nconfig.json model whose family has a ledger")
+
+
+def _framework_row(name: str, profile: Any) -> list[str]:
+    """One framework profile as `frameworks` lists it."""
+    from axoplan.cost.ledger import traced_families
+
+    ledger = profile.ledger or "counted"
+    families = ", ".join(traced_families(profile.ledger)) if profile.ledger else "-"
+    measured = ", ".join(d.removeprefix("NVIDIA ") for d in profile.measured_on) or "-"
+    return [name, ledger, families or "-", measured]

@@ -40,14 +40,14 @@ import json
 import math
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 from axoplan.errors import AxoplanError
 from axoplan.inputs.machine import AttentionCurve, Machine
-from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.model import Family, ModelSpec
 from axoplan.inputs.schema import shipped_folder
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import activation_split
@@ -55,7 +55,7 @@ from axoplan.space.layout import activation_split
 __all__ = ["Term", "LedgerOp", "Ledger", "LedgerCost", "OP_CLASSES", "SCOPES", "load_ledger", "price_ledger",
            "evaluate_ledger", "EvaluatedLedger",
            "ledger_family", "attention_curve", "attention_efficiency", "ledger_class_columns", "shipped_family",
-           "per_step_s", "traced_for", "sync_stall_s", "NOT_KERNELS", "OpRow", "op_rows"]
+           "per_step_s", "traced_for", "traced_families", "sync_stall_s", "NOT_KERNELS", "OpRow", "op_rows"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -203,12 +203,19 @@ NEAREST_FAMILY = {"qwen2": "llama", "qwen3": "llama"}
 blocks are Llama's plus their q/k/v biases or per-head norms."""
 
 
+@cache
+def traced_families(name: str) -> tuple[str, ...]:
+    """The model families ledger `name` ships a trace of (``frameworks/ledgers/<name>-<family>.json``, a family of
+    :data:`axoplan.inputs.model.Family`), in that list's order."""
+    folder = shipped_folder("frameworks") / "ledgers"
+    return tuple(f for f in get_args(Family) if (folder / f"{name}-{f}.json").is_file())
+
+
 def shipped_family(name: str, family: str) -> str:
     """`family` where ledger `name` was traced for it, else its nearest traced family (:data:`NEAREST_FAMILY`),
-    else the first family it was traced for (GPT-2's blocks): a model family no trace covers is priced with the
+    else GPT-2's blocks, else the first family it was traced for: a model family no trace covers is priced with the
     nearest traced op list, and its interval says so."""
-    folder = shipped_folder("frameworks") / "ledgers"
-    traced = sorted(p.stem[len(name) + 1:] for p in folder.glob(f"{name}-*.json"))
+    traced = traced_families(name)
     for candidate in (family, NEAREST_FAMILY.get(family), "gpt2"):
         if candidate in traced:
             return candidate
