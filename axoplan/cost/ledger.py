@@ -426,9 +426,9 @@ class EvaluatedLedger:
 
 
 def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidates, hf_path: bool = True,
-                    attention: str = "flash") -> EvaluatedLedger:
+                    attention: str = "flash", views: bool = False) -> EvaluatedLedger:
     """`ledger`'s monomials for every candidate (:class:`EvaluatedLedger`); a mixture with a dense model's ledger is
-    refused in one line."""
+    refused in one line. `views`: keep the views too (their bytes, which pricing never reads: ``op_rows``)."""
     if model.moe is not None and not ledger.moe:
         raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for a dense model, not a mixture "
                            "of experts: trace one (benchmarks/derive_ledger.py --family mixtral) or use --framework "
@@ -446,6 +446,8 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
         for op in ledger.ops(scope):
             host[scope] += op.count * max(1, ledger.kernels_per_call(op, experts))
             kernels[scope] += op.count * ledger.kernels_per_call(op, experts)  # none for a view
+            if op.op_class == "view" and not views:
+                continue
             ops.append(EvaluatedOp(scope, op, _evaluate(op.read, sym, shard) + _evaluate(op.write, sym, shard),
                                    _evaluate(op.flops, sym, shard)))
     saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
@@ -473,7 +475,7 @@ def op_rows(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c:
             hf_path: bool = True, attention: str = "flash") -> list[OpRow]:
     """Every entry of `ledger` for candidate `i`, priced by the same routine as :func:`price_ledger` (``explain
     --wide`` lists them, to hold against a profiler trace op by op)."""
-    evaluated = evaluate_ledger(ledger, model, seq_len, c.take(np.array([i])), hf_path, attention)
+    evaluated = evaluate_ledger(ledger, model, seq_len, c.take(np.array([i])), hf_path, attention, views=True)
     attn_rate = machine.peak_flops * attention_efficiency(machine, evaluated.attention_kernel, seq_len)
     rows = []
     for e in evaluated.ops:
