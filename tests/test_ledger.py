@@ -332,6 +332,46 @@ def test_a_mixtral_config_of_16_experts_top_4_ranks_under_transformers(tmp_path:
     assert rows and all((r["gx"], r["gy"], r["gz"], r["gdata"]) == (1, 1, 1, 8) for r in rows)
 
 
+def test_qwen3_moes_ledger_runs_mixtral_style_experts_behind_qwen3s_attention(tmp_path: Path) -> None:
+    """Qwen3-MoE's block (transformers' ``Qwen3MoeSparseMoeBlock``: a top-k router, normalised top-k weights, the
+    grouped experts Mixtral's runs) behind Qwen3's attention (an RMSNorm on every query and key head, heads
+    ``head_dim`` wide), traced with experts, top-k and the heads' width as symbols. By hand at Qwen3-30B-A3B's
+    shape (2,048 wide, 32 heads of 128, 4 KV heads, 128 experts of 768, top-8), per token: the router 2·H·E flops,
+    the experts' gate-and-up 2·K·H·2F and down 2·K·F·H, the query GEMM 2·H·NH·D; four RMSNorms a block forward.
+    Its config.json is traced for; on 8 GPUs transformers' experts cannot be sharded, so the default framework
+    refuses it in one line that names --framework axonn, which ranks it."""
+    from axoplan.cost.ledger import traced_for
+    from axoplan.inputs.model import load_model
+
+    ledger = load_ledger("hf-autocast", "qwen3-moe")
+    sym = {"B": 1, "S": 2048, "H": 2048, "NH": 32, "KV": 4, "F": 768, "V": 151936, "D": 128, "E": 128, "K": 8}
+    tokens = sym["S"]
+    ops = [op for op in ledger.ops("block_forward") if op.op_class != "view"]
+    gemms = [op for op in ops if op.op_class == "gemm"]
+    [router] = [op for op in gemms if any(dict(t.exps).get("E") for t in op.flops)]
+    assert _value(router.flops, sym) / tokens == 2 * 2048 * 128
+    experts = sorted(_value(op.flops, sym) / tokens for op in gemms if op.grouped)
+    assert experts == [2 * 8 * 768 * 2048, 2 * 8 * 2048 * 2 * 768]
+    assert 2 * 2048 * 32 * 128 in [_value(op.flops, sym) / tokens for op in gemms]
+    assert sum(op.count for op in ops if op.op.startswith("rsqrt")) == 4
+    config = tmp_path / "q" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 2048, "head_dim": 128,
+                                  "num_attention_heads": 32, "num_key_value_heads": 4, "num_hidden_layers": 48,
+                                  "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                                  "num_experts_per_tok": 8, "norm_topk_prob": True, "vocab_size": 151936,
+                                  "hidden_act": "silu"}))
+    model = load_model(str(config))
+    assert model.family == "qwen3-moe" and ledger_family(model) == "qwen3-moe" and traced_for("hf-autocast", model)
+    rank = [sys.executable, "-m", "axoplan", "rank", "--model", str(config), "--gpus", "8", "--machine", "dgx-h200",
+            "--global-batch", "64", "--seq-len", "4096"]
+    refused = subprocess.run(rank, capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "more GPUs would not help" in refused.stderr and "use --framework axonn" in refused.stderr
+    ranked = subprocess.run([*rank, "--framework", "axonn"], capture_output=True, text=True, check=False)
+    assert ranked.returncode == 0 and "1x1x8x1" in ranked.stdout
+
+
 def test_qwen3s_ledger_runs_heads_of_their_own_width_and_a_norm_on_each_query_and_key_head(tmp_path: Path) -> None:
     """Qwen3's block (transformers' ``Qwen3Attention``) is Llama's plus an RMSNorm on every query and key head, with
     heads of ``head_dim`` features apart from H/NH, a symbol (D) of its ledger: Qwen3-0.6B's 16 heads of 128 are 2,048

@@ -93,15 +93,23 @@ def explain_infeasible(r: Ranking) -> str:
     if fails["positions"].any():
         return (f"{r.feasibility.text(0, 'positions')} of {r.model.name}; use --seq-len {r.model.max_positions} or "
                 "less, or a model with more positions (max_positions in a model YAML)")
-    shape_ok = ~(fails["dims-x"] | fails["dims-y"] | fails["heads"] | fails["zblock"])
+    divides = ~(fails["dims-x"] | fails["dims-y"] | fails["heads"] | fails["zblock"])
+    shape_ok = divides & ~fails["moe"]
     fits = shape_ok & ~fails["memory"]
     where = f"{r.world_size} GPUs of {r.machine.name}"
+    moe = _moe_refusal(r)
+    if divides.any() and not shape_ok.any():  # every layout that divides the model shards experts it cannot
+        return f"no layout of {where} runs {r.model.name}'s experts: {moe}"
     if shape_ok.any() and not fits.any():  # memory binds whatever the batch
         best = r.column("mem_need_bytes")[shape_ok].min() / 1e9
-        more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
-        fix = f"; the smallest GPU count that fits is {more}" if more else _whole_machine(r.machine)
+        if moe and np.all((c.gx * c.gy * c.gz)[shape_ok] == 1):  # every GPU holds the whole model, however many
+            fix = "; more GPUs would not help: each would hold the whole model"
+        else:
+            more = smallest_feasible_world(r.model, r.machine, r.options, r.world_size)
+            fix = f"; the smallest GPU count that fits is {more}" if more else _whole_machine(r.machine)
+        why = f"; the layouts that would shard it are refused: {moe}" if moe else ""
         return (f"no layout of {where} fits {r.model.name} in memory (best needs {best:.1f} GB per GPU with the "
-                f"reserve, of {r.machine.device.hbm_gb:g} GB){fix}")
+                f"reserve, of {r.machine.device.hbm_gb:g} GB){fix}{why}")
     if fits.any():
         sizes = sorted({int(v) for v in (c.gdata * c.gz)[fits]})[:6]
         good = suggest_global_batches(r, fits)
@@ -117,6 +125,12 @@ def explain_infeasible(r: Ranking) -> str:
     fix = f"; the smallest GPU count with a feasible layout is {more}" if more else ""
     return (f"no layout of {where} divides {r.model.name}'s dimensions (hidden {r.model.hidden}, "
             f"FFN {r.model.ffn}, {_heads_text(r.model)}){fix}")
+
+
+def _moe_refusal(r: Ranking) -> str:
+    """Why the expert layouts were refused (the first such candidate's reason), or '' where none was."""
+    refused = np.flatnonzero(r.feasibility.fails["moe"])
+    return r.feasibility.text(int(refused[0]), "moe") if refused.size else ""
 
 
 def _heads_text(model: ModelSpec) -> str:

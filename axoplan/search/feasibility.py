@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from axoplan.cost.memory import MemoryVerdict
 from axoplan.inputs.axes import label
+from axoplan.inputs.framework import load_framework
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
@@ -126,8 +127,11 @@ def _moe(f: Feasibility, i: int) -> str:
     if o.moe_module == "hf-mixtral":
         return "AxoNN's Mixtral patch runs its expert linears on the hf path (--axonn-path hf)"
     if o.moe_module == "transformers":
+        # a framework that runs transformers' own model runs its experts (its ledger prices them); AxoNN's may swap
+        fix = "--framework axonn" if load_framework(o.framework).axonn_path == "hf" else "--moe-impl native"
         return (f"transformers' grouped experts are not nn.Linear modules, so AxoNN shards none of them: they run "
-                f"only with Gx=Gy=Gz=1 (layout {c.layout(i)}); for AxoNN's own MoE use --moe-impl native")
+                f"only with Gx=Gy=Gz=1 (layout {c.layout(i)}); for AxoNN's own MoE module, which shards them over Z, "
+                f"use {fix}")
     return (f"AxoNN's native MoE module builds its groups inside Z: it needs Gx=Gy=1 and --expert-tp {o.expert_tp} "
             f"dividing Gz={c.gz[i]} and the expert width (layout {c.layout(i)})")
 

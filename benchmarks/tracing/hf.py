@@ -51,6 +51,14 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                              use_sliding_window=False, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
                              pad_token_id=None)
         cls = tr.Qwen2ForCausalLM
+    elif family == "qwen3-moe":  # Qwen3's attention; every block's MLP a top-k mixture of SwiGLU experts
+        cfg = tr.Qwen3MoeConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
+                                head_dim=dims["D"], intermediate_size=f, moe_intermediate_size=f,
+                                num_experts=dims.get("E", EXPERTS), num_experts_per_tok=dims.get("K", TOP_K),
+                                norm_topk_prob=True, decoder_sparse_step=1, output_router_logits=False,
+                                vocab_size=v, max_position_embeddings=s, tie_word_embeddings=False, bos_token_id=0,
+                                eos_token_id=0, pad_token_id=None)
+        cls = tr.Qwen3MoeForCausalLM
     elif family == "mixtral":
         cfg = tr.MixtralConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
                                intermediate_size=f, vocab_size=v, max_position_embeddings=s,
@@ -59,7 +67,7 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = tr.MixtralForCausalLM
     else:
-        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen2, qwen3, gpt-neox, mixtral")
+        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen2, qwen3, gpt-neox, mixtral, qwen3-moe")
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = cls(cfg)
@@ -69,12 +77,15 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
     return model
 
 
-GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral")
+GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe")
 """Families whose key-value heads are their own dimension (grouped-query attention)."""
 
-HEAD_DIM_FAMILIES = ("llama", "qwen3")
+HEAD_DIM_FAMILIES = ("llama", "qwen3", "qwen3-moe")
 """Families whose heads' width is a dimension of its own in transformers' code (``head_dim``, the ledger symbol
 ``D``), not always H/NH (Qwen3's, Mistral-Nemo's)."""
+
+MOE_FAMILIES = ("mixtral", "qwen3-moe")
+"""Families whose MLP is a mixture of experts, traced with the experts and experts per token as symbols."""
 
 EXPERTS, TOP_K = 8, 2
 """Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): the base the
