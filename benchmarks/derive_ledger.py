@@ -106,7 +106,7 @@ FlashAttention-2 forward, 85 % backward [assumed]); llm-foundry takes it from th
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", required=True,
-                    choices=["gpt2", "llama", "qwen2", "qwen3", "gpt-neox", "mixtral", "qwen3-moe", "mpt"])
+                    choices=["gpt2", "llama", "qwen2", "qwen3", "gpt-neox", "mixtral", "qwen3-moe", "olmoe", "mpt"])
     ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16", "fp32"],
                     help="autocast: fp32 weights under bf16 autocast (Trainer(bf16=True)); "
                     "bf16: bf16 weights and states; fp32: float32 throughout (the executor on a CPU)")

@@ -372,6 +372,28 @@ def test_qwen3_moes_ledger_runs_mixtral_style_experts_behind_qwen3s_attention(tm
     assert ranked.returncode == 0 and "1x1x8x1" in ranked.stdout
 
 
+def test_olmoes_ledger_norms_the_whole_query_and_key_projections_and_keeps_its_top_k_weights() -> None:
+    """OLMoE's block (transformers' ``OlmoeAttention``: an RMSNorm over the whole query projection, H wide, and the
+    whole key projection, KV·H/NH; ``OlmoeSparseMoeBlock``: Mixtral's router and grouped experts, without Mixtral's
+    renormalised top-k weights, as OLMoE-1B-7B's ``norm_topk_prob`` false). By hand at OLMoE-1B-7B's shape, per token
+    under autocast: the two norms' fp32 squares read 4·H and 4·KV·H/NH bytes; no ``div_`` of the top-k weights
+    (Mixtral's ledger runs one). Its config.json reads as family olmoe, traced for."""
+    from axoplan.cost.ledger import traced_for
+    from axoplan.inputs.model import ModelSpec as Spec
+
+    ledger, mixtral = load_ledger("hf-autocast", "olmoe"), load_ledger("hf-autocast", "mixtral")
+    sym = {"B": 1, "S": 4096, "H": 2048, "NH": 16, "KV": 16, "F": 1024, "V": 50304, "E": 64, "K": 8}
+    squares = sorted(_value(op.read, sym) / sym["S"] for op in ledger.ops("block_forward") if op.op.startswith("pow")
+                     for _ in range(op.count))
+    assert squares == sorted([4 * 2048, 4 * 16 * 2048 // 16, 4 * 2048, 4 * 2048])  # q, k and the two block norms
+    assert sum(op.count for op in ledger.ops("block_forward") if op.op.startswith("div_")) == 0
+    assert sum(op.count for op in mixtral.ops("block_forward") if op.op.startswith("div_")) == 1
+    model = Spec(name="olmoe", num_layers=16, hidden=2048, num_heads=16, ffn_hidden=1024, vocab=50304,
+                 ffn_kind="swiglu", biases=False, tied_embeddings=False, family="olmoe",
+                 moe=MoESpec(num_experts=64, top_k=8, expert_ffn_hidden=1024))
+    assert ledger_family(model) == "olmoe" and traced_for("hf-autocast", model) and traced_for("hf-bf16", model)
+
+
 def test_qwen3s_ledger_runs_heads_of_their_own_width_and_a_norm_on_each_query_and_key_head(tmp_path: Path) -> None:
     """Qwen3's block (transformers' ``Qwen3Attention``) is Llama's plus an RMSNorm on every query and key head, with
     heads of ``head_dim`` features apart from H/NH, a symbol (D) of its ledger: Qwen3-0.6B's 16 heads of 128 are 2,048
@@ -439,8 +461,9 @@ def test_qwen2s_ledger_runs_its_query_key_and_value_biases(tmp_path: Path) -> No
 
 
 def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_traced(tmp_path: Path) -> None:
-    """A GPT-2 config.json is ranked as transformers trains it (hf-transformers); a preset, and a mixture no ledger
-    was traced for, as Megatron-AxoNN (axonn)."""
+    """A GPT-2 config.json is ranked as transformers trains it (hf-transformers), and so is an OLMoE mixture (traced);
+    a preset, and a mixture no ledger was traced for (Qwen2-MoE, whose shared expert no trace runs), as Megatron-AxoNN
+    (axonn)."""
     from axoplan.commands.options import ModelFlags, _default_framework
 
     gpt2 = tmp_path / "config.json"
@@ -452,8 +475,16 @@ def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_trac
                                  "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
                                  "vocab_size": 1000, "num_experts": 64, "num_experts_per_tok": 8,
                                  "max_position_embeddings": 512}))
+    qwen2_moe = tmp_path / "qwen2-moe" / "config.json"
+    qwen2_moe.parent.mkdir()
+    qwen2_moe.write_text(json.dumps({"model_type": "qwen2_moe", "hidden_size": 256, "num_hidden_layers": 2,
+                                     "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+                                     "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
+                                     "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                                     "vocab_size": 1000}))
     assert _default_framework(ModelFlags(str(gpt2), {})) == "hf-transformers"
-    assert _default_framework(ModelFlags(str(olmoe), {})) == "axonn"
+    assert _default_framework(ModelFlags(str(olmoe), {})) == "hf-transformers"
+    assert _default_framework(ModelFlags(str(qwen2_moe), {})) == "axonn"
     assert _default_framework(ModelFlags("20B", {})) == "axonn"
     done = subprocess.run([sys.executable, "-m", "axoplan", "explain", "--model", str(gpt2), "--gpus", "1",
                            "--machine", "dgx-h100", "--global-batch", "4", "--layout", "1x1x1x1"],

@@ -170,13 +170,13 @@ class Ledger:
         return experts if op.grouped and op.dtype == "fp32" else 1
 
 
-MOE_FAMILIES = ("mixtral", "qwen3-moe")
+MOE_FAMILIES = ("mixtral", "qwen3-moe", "olmoe")
 """Mixture families with their own traces; any other mixture runs Mixtral's op list (:func:`ledger_family`)."""
 
 
 def ledger_family(model: ModelSpec) -> str:
-    """The traced family whose op list `model` runs: a mixture's own where traced (Mixtral's, Qwen3-MoE's), else
-    Mixtral's; a dense model's config family where known, else GPT-2's blocks for a GeLU MLP with biases and
+    """The traced family whose op list `model` runs: a mixture's own where traced (Mixtral's, Qwen3-MoE's, OLMoE's),
+    else Mixtral's; a dense model's config family where known, else GPT-2's blocks for a GeLU MLP with biases and
     Llama's for a SwiGLU one."""
     if model.moe is not None:
         return str(model.family) if model.family in MOE_FAMILIES else "mixtral"
@@ -192,9 +192,9 @@ def _terms(raw: list[list[Any]], axis: str | None = None) -> tuple[Term, ...]:
 
 
 def traced_for(name: str, model: ModelSpec) -> bool:
-    """Whether ledger `name` was traced for `model`'s own family (a mixture: Mixtral's or Qwen3-MoE's, any number of
-    experts and any top-k, without shared experts, which their op lists do not run; another mixture family,
-    OLMoE's or Qwen2-MoE's, runs other ops around its experts)."""
+    """Whether ledger `name` was traced for `model`'s own family (a mixture: Mixtral's, Qwen3-MoE's or OLMoE's, any
+    number of experts and any top-k, without shared experts, which their op lists do not run; another mixture
+    family, Qwen2-MoE's or DeepSeek's, runs other ops around its experts)."""
     family = ledger_family(model)
     if shipped_family(name, family) != family:
         return False
@@ -203,9 +203,10 @@ def traced_for(name: str, model: ModelSpec) -> bool:
     return load_ledger(name, family).moe and model.moe.shared_experts == 0 and model.family in (None, family)
 
 
-NEAREST_FAMILY = {"qwen2": "llama", "qwen3": "llama", "qwen3-moe": "mixtral"}
+NEAREST_FAMILY = {"qwen2": "llama", "qwen3": "llama", "qwen3-moe": "mixtral", "olmoe": "mixtral"}
 """The traced family whose op list is nearest a family's where a framework traced none for it: Qwen2's and Qwen3's
-blocks are Llama's plus their q/k/v biases or per-head norms; Qwen3-MoE's is Mixtral's mixture plus those norms."""
+blocks are Llama's plus their q/k/v biases or per-head norms; Qwen3-MoE's and OLMoE's are Mixtral's mixture plus
+query and key norms."""
 
 
 @cache

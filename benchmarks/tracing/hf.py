@@ -59,6 +59,13 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                 vocab_size=v, max_position_embeddings=s, tie_word_embeddings=False, bos_token_id=0,
                                 eos_token_id=0, pad_token_id=None)
         cls = tr.Qwen3MoeForCausalLM
+    elif family == "olmoe":  # RMSNorms on the whole query and key projections; every block a top-k mixture
+        cfg = tr.OlmoeConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
+                             intermediate_size=f, num_experts=dims.get("E", EXPERTS),
+                             num_experts_per_tok=dims.get("K", TOP_K), norm_topk_prob=False, clip_qkv=None,
+                             output_router_logits=False, vocab_size=v, max_position_embeddings=s,
+                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+        cls = tr.OlmoeForCausalLM
     elif family == "mixtral":
         cfg = tr.MixtralConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
                                intermediate_size=f, vocab_size=v, max_position_embeddings=s,
@@ -67,7 +74,8 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         cls = tr.MixtralForCausalLM
     else:
-        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen2, qwen3, gpt-neox, mixtral, qwen3-moe")
+        raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen2, qwen3, gpt-neox, mixtral, qwen3-moe, "
+                         "olmoe")
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = cls(cfg)
@@ -77,14 +85,14 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
     return model
 
 
-GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe")
+GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe", "olmoe")
 """Families whose key-value heads are their own dimension (grouped-query attention)."""
 
 HEAD_DIM_FAMILIES = ("llama", "qwen3", "qwen3-moe")
 """Families whose heads' width is a dimension of its own in transformers' code (``head_dim``, the ledger symbol
 ``D``), not always H/NH (Qwen3's, Mistral-Nemo's)."""
 
-MOE_FAMILIES = ("mixtral", "qwen3-moe")
+MOE_FAMILIES = ("mixtral", "qwen3-moe", "olmoe")
 """Families whose MLP is a mixture of experts, traced with the experts and experts per token as symbols."""
 
 EXPERTS, TOP_K = 8, 2
