@@ -400,10 +400,14 @@ class EvaluatedLedger:
     seq_len: int
     recompute_gemm_share: float
 
+    def attention_rate(self, machine: Machine) -> float:
+        """Flop/s of the ledger's attention kernel on `machine` at its sequence length (attention_efficiency)."""
+        return machine.peak_flops * attention_efficiency(machine, self.attention_kernel, self.seq_len)
+
     def price(self, machine: Machine) -> LedgerCost:
         """Every entry's device seconds on `machine` by the one routine (:meth:`seconds`), summed per scope and
         class."""
-        attn_rate = machine.peak_flops * attention_efficiency(machine, self.attention_kernel, self.seq_len)
+        attn_rate = self.attention_rate(machine)
         seconds: dict[tuple[str, str], Floats] = {}
         for e in self.ops:
             t = self.seconds(e, machine, attn_rate)
@@ -482,7 +486,7 @@ def op_rows(ledger: Ledger, machine: Machine, model: ModelSpec, seq_len: int, c:
     """Every entry of `ledger` for candidate `i`, priced by the same routine as :func:`price_ledger` (``explain
     --wide`` lists them, to hold against a profiler trace op by op)."""
     evaluated = evaluate_ledger(ledger, model, seq_len, c.take(np.array([i])), hf_path, attention, views=True)
-    attn_rate = machine.peak_flops * attention_efficiency(machine, evaluated.attention_kernel, seq_len)
+    attn_rate = evaluated.attention_rate(machine)
     rows = []
     for e in evaluated.ops:
         op, t = e.op, evaluated.seconds(e, machine, attn_rate)
