@@ -106,7 +106,8 @@ FlashAttention-2 forward, 85 % backward [assumed]); llm-foundry takes it from th
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", required=True,
-                    choices=["gpt2", "llama", "qwen2", "qwen3", "gpt-neox", "mixtral", "qwen3-moe", "olmoe", "mpt"])
+                    choices=["gpt2", "llama", "qwen2", "qwen3", "gpt-neox", "mixtral", "qwen3-moe", "olmoe",
+                             "qwen2-moe", "mpt"])
     ap.add_argument("--precision", default="autocast", choices=["autocast", "bf16", "fp32"],
                     help="autocast: fp32 weights under bf16 autocast (Trainer(bf16=True)); "
                     "bf16: bf16 weights and states; fp32: float32 throughout (the executor on a CPU)")
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         base.update(D=16)
     if args.family in hf.MOE_FAMILIES:  # its experts and experts per token are symbols too (tracing.hf.EXPERTS)
         base.update(E=hf.EXPERTS, K=hf.TOP_K)
+    if args.family in hf.SHARED_EXPERT_FAMILIES:  # the shared expert's width in expert widths, a symbol too
+        base.update(SE=2)
     if args.framework == "megatron":  # every parameter a multiple of 64 elements, their sum of 128: no buffer padding
         base.update({"H": 64, "F": 64} if args.family == "gpt2" else {"H": 128})
     ledger = fit.derive(args.family, args.precision, base, args.framework)
@@ -159,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "symbols": {"B": "micro-batch sequences", "S": "sequence length", "H": "hidden size", "NH": "attention heads",
                     "KV": "key-value heads", "F": "FFN width", "V": "vocabulary",
                     **({"E": "experts", "K": "experts per token"} if "E" in base else {}),
-                    **({"D": "head dimension"} if "D" in base else {})},
+                    **({"D": "head dimension"} if "D" in base else {}),
+                    **({"SE": "shared experts (the shared expert's width over an expert's)"} if "SE" in base else {})},
         "base_dims": base,
         **({"moe": {"experts": "E", "top_k": "K"}} if args.family in hf.MOE_FAMILIES else {}),
         **ledger,

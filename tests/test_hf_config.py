@@ -153,10 +153,14 @@ def test_what_cannot_be_read_as_meant_is_refused_naming_the_key(tmp_path: Path, 
 
 
 def test_an_moe_config_ranks_as_an_moe_model_through_the_cli(tmp_path: Path):
-    """Issue 30's case: Qwen1.5-MoE's config.json was ranked as a dense model; now its experts are there."""
+    """Issue 30's case: Qwen1.5-MoE's config.json was ranked as a dense model; now its experts are there. AxoNN's
+    native MoE module (--framework axonn) shards them; the default for a traced family, transformers' own code,
+    cannot, and refuses 64 GPUs in one line that says so (its ledger: tests/test_ledger.py)."""
     path = _config(tmp_path, "Qwen1.5-MoE-A2.7B", QWEN1_5_MOE)
+    refused = run_cli_here("rank", "--model", str(path), "--gpus", "64", "--machine", "dgx-h100")
+    assert refused.returncode == 2 and "use --framework axonn" in refused.stderr
     done = run_cli_here("rank", "--model", str(path), "--gpus", "64", "--machine", "dgx-h100", "--top", "3",
-                        "--format", "json")
+                        "--format", "json", "--framework", "axonn")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["model"]["family"] == "qwen2-moe"
@@ -164,7 +168,7 @@ def test_an_moe_config_ranks_as_an_moe_model_through_the_cli(tmp_path: Path):
                                    "routing_skew": 1.0}
     assert all(r["gx"] == 1 and r["gy"] == 1 for r in out["rows"] if r["feasible"])  # the native module's rule
     explained = run_cli_here("explain", "--model", str(path), "--gpus", "64", "--machine", "dgx-h100",
-                             "--rank", "1")
+                             "--rank", "1", "--framework", "axonn")
     assert explained.returncode == 0, explained.stderr
     assert "shared_up" in explained.stdout
 

@@ -394,6 +394,37 @@ def test_olmoes_ledger_norms_the_whole_query_and_key_projections_and_keeps_its_t
     assert ledger_family(model) == "olmoe" and traced_for("hf-autocast", model) and traced_for("hf-bf16", model)
 
 
+def test_qwen2_moes_ledger_runs_its_gated_shared_expert_sized_in_expert_widths(tmp_path: Path) -> None:
+    """Qwen2-MoE's block (transformers' ``Qwen2MoeSparseMoeBlock``): Mixtral's router and grouped experts, plus a
+    shared SwiGLU expert every token runs, ``SE`` expert widths wide (Qwen1.5-MoE-A2.7B: 5,632 = 4 × 1,408), gated by
+    a sigmoid of one logit per token. By hand at that shape, per token under autocast: the shared expert's SiLU reads
+    2·SE·F bytes and its gating product 2 · 2·SE·F; the gate's sigmoid reads 2 bytes. A Qwen1.5-MoE config.json is
+    traced for; Mixtral's ledger, which runs no shared expert, is not traced for it."""
+    from axoplan.cost.ledger import traced_for
+    from axoplan.inputs.model import load_model
+
+    ledger = load_ledger("hf-autocast", "qwen2-moe")
+    assert ledger.runs_shared_experts and not load_ledger("hf-autocast", "mixtral").runs_shared_experts
+    sym = {"B": 1, "S": 4096, "H": 2048, "NH": 16, "KV": 16, "F": 1408, "V": 151936, "E": 60, "K": 4, "SE": 4}
+    shared = [op for op in ledger.ops("block_forward") if any(dict(t.exps).get("SE") for t in op.read)]
+    silu = [_value(op.read, sym) / sym["S"] for op in shared if op.op_class == "activation"]
+    product = [_value(op.read, sym) / sym["S"] for op in shared if op.op.startswith("mul")]
+    assert silu == [2 * 4 * 1408] and product == [2 * 2 * 4 * 1408]
+    [gate] = [op for op in ledger.ops("block_forward") if op.op.startswith("sigmoid")]
+    assert _value(gate.read, sym) / sym["S"] == 2
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+                                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                                  "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24,
+                                  "num_experts": 60, "num_experts_per_tok": 4, "vocab_size": 151936,
+                                  "hidden_act": "silu"}))
+    model = load_model(str(config))
+    assert model.family == "qwen2-moe" and model.moe is not None and model.moe.shared_experts == 4
+    assert ledger_family(model) == "qwen2-moe" and traced_for("hf-autocast", model) and traced_for("hf-bf16", model)
+    mixtral_shaped = model.model_copy(update={"family": "mixtral"})
+    assert not traced_for("hf-autocast", mixtral_shaped)  # Mixtral's op list runs no shared expert
+
+
 def test_qwen3s_ledger_runs_heads_of_their_own_width_and_a_norm_on_each_query_and_key_head(tmp_path: Path) -> None:
     """Qwen3's block (transformers' ``Qwen3Attention``) is Llama's plus an RMSNorm on every query and key head, with
     heads of ``head_dim`` features apart from H/NH, a symbol (D) of its ledger: Qwen3-0.6B's 16 heads of 128 are 2,048
@@ -462,8 +493,8 @@ def test_qwen2s_ledger_runs_its_query_key_and_value_biases(tmp_path: Path) -> No
 
 def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_traced(tmp_path: Path) -> None:
     """A GPT-2 config.json is ranked as transformers trains it (hf-transformers), and so is an OLMoE mixture (traced);
-    a preset, and a mixture no ledger was traced for (Qwen2-MoE, whose shared expert no trace runs), as Megatron-AxoNN
-    (axonn)."""
+    a preset, and a mixture no ledger was traced for (DeepSeek's, whose shared experts and routing no trace runs), as
+    Megatron-AxoNN (axonn)."""
     from axoplan.commands.options import ModelFlags, _default_framework
 
     gpt2 = tmp_path / "config.json"
@@ -475,16 +506,16 @@ def test_a_config_json_defaults_to_transformers_own_code_where_a_ledger_was_trac
                                  "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
                                  "vocab_size": 1000, "num_experts": 64, "num_experts_per_tok": 8,
                                  "max_position_embeddings": 512}))
-    qwen2_moe = tmp_path / "qwen2-moe" / "config.json"
-    qwen2_moe.parent.mkdir()
-    qwen2_moe.write_text(json.dumps({"model_type": "qwen2_moe", "hidden_size": 256, "num_hidden_layers": 2,
-                                     "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
-                                     "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
-                                     "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-                                     "vocab_size": 1000}))
+    deepseek = tmp_path / "deepseek" / "config.json"
+    deepseek.parent.mkdir()
+    deepseek.write_text(json.dumps({"model_type": "deepseek", "hidden_size": 256, "num_hidden_layers": 2,
+                                    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+                                    "moe_intermediate_size": 128, "n_routed_experts": 8, "n_shared_experts": 2,
+                                    "num_experts_per_tok": 2, "first_k_dense_replace": 0, "moe_layer_freq": 1,
+                                    "vocab_size": 1000}))
     assert _default_framework(ModelFlags(str(gpt2), {})) == "hf-transformers"
     assert _default_framework(ModelFlags(str(olmoe), {})) == "hf-transformers"
-    assert _default_framework(ModelFlags(str(qwen2_moe), {})) == "axonn"
+    assert _default_framework(ModelFlags(str(deepseek), {})) == "axonn"
     assert _default_framework(ModelFlags("20B", {})) == "axonn"
     done = subprocess.run([sys.executable, "-m", "axoplan", "explain", "--model", str(gpt2), "--gpus", "1",
                            "--machine", "dgx-h100", "--global-batch", "4", "--layout", "1x1x1x1"],

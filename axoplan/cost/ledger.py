@@ -143,6 +143,11 @@ class Ledger:
                        saved={s: t for s, t in self.saved.items() if s != "block_checkpointed"})
 
     @property
+    def runs_shared_experts(self) -> bool:
+        """Whether its op list runs a mixture's shared expert, sized by the symbol ``SE`` (Qwen2-MoE's)."""
+        return any(s == "SE" for ops in self.scopes.values() for op in ops for t in op.read for s, _ in t.exps)
+
+    @property
     def recompute_scope(self) -> str:
         """The scope a recomputed block reruns: its checkpointing's own op list where traced, else its forward."""
         return "block_recompute" if "block_recompute" in self.scopes else "block_forward"
@@ -170,14 +175,14 @@ class Ledger:
         return experts if op.grouped and op.dtype == "fp32" else 1
 
 
-MOE_FAMILIES = ("mixtral", "qwen3-moe", "olmoe")
+MOE_FAMILIES = ("mixtral", "qwen3-moe", "olmoe", "qwen2-moe")
 """Mixture families with their own traces; any other mixture runs Mixtral's op list (:func:`ledger_family`)."""
 
 
 def ledger_family(model: ModelSpec) -> str:
-    """The traced family whose op list `model` runs: a mixture's own where traced (Mixtral's, Qwen3-MoE's, OLMoE's),
-    else Mixtral's; a dense model's config family where known, else GPT-2's blocks for a GeLU MLP with biases and
-    Llama's for a SwiGLU one."""
+    """The traced family whose op list `model` runs: a mixture's own where traced (Mixtral's, Qwen3-MoE's, OLMoE's,
+    Qwen2-MoE's), else Mixtral's; a dense model's config family where known, else GPT-2's blocks for a GeLU MLP with
+    biases and Llama's for a SwiGLU one."""
     if model.moe is not None:
         return str(model.family) if model.family in MOE_FAMILIES else "mixtral"
     if model.family in ("gpt2", "llama", "qwen2", "qwen3", "gpt-neox", "mpt"):  # a config's Mistral reads as llama
@@ -193,20 +198,23 @@ def _terms(raw: list[list[Any]], axis: str | None = None) -> tuple[Term, ...]:
 
 def traced_for(name: str, model: ModelSpec) -> bool:
     """Whether ledger `name` was traced for `model`'s own family (a mixture: Mixtral's, Qwen3-MoE's or OLMoE's, any
-    number of experts and any top-k, without shared experts, which their op lists do not run; another mixture
-    family, Qwen2-MoE's or DeepSeek's, runs other ops around its experts)."""
+    number of experts and any top-k, without shared experts, which their op lists do not run; Qwen2-MoE's, with its
+    shared expert, which its op list runs; another mixture family, DeepSeek's, runs other ops around its experts)."""
     family = ledger_family(model)
     if shipped_family(name, family) != family:
         return False
     if model.moe is None:
         return True
-    return load_ledger(name, family).moe and model.moe.shared_experts == 0 and model.family in (None, family)
+    ledger = load_ledger(name, family)
+    shared = model.moe.shared_experts > 0
+    return ledger.moe and shared == ledger.runs_shared_experts and model.family in (None, family)
 
 
-NEAREST_FAMILY = {"qwen2": "llama", "qwen3": "llama", "qwen3-moe": "mixtral", "olmoe": "mixtral"}
+NEAREST_FAMILY = {"qwen2": "llama", "qwen3": "llama", "qwen3-moe": "mixtral", "olmoe": "mixtral",
+                  "qwen2-moe": "mixtral"}
 """The traced family whose op list is nearest a family's where a framework traced none for it: Qwen2's and Qwen3's
 blocks are Llama's plus their q/k/v biases or per-head norms; Qwen3-MoE's and OLMoE's are Mixtral's mixture plus
-query and key norms."""
+query and key norms, Qwen2-MoE's plus q/k/v biases and a shared expert."""
 
 
 @cache
@@ -299,11 +307,13 @@ def symbols(model: ModelSpec, seq_len: int, c: Candidates) -> dict[str, Floats]:
 
 def model_dims(model: ModelSpec, seq_len: int) -> dict[str, float]:
     """Every ledger symbol but ``B``: the model's dimensions (``D`` the heads' width, a symbol of the ledgers of
-    families that set it apart from H/NH, Qwen3's) and the sequence length."""
-    experts, top_k = (model.moe.num_experts, model.moe.top_k) if model.moe is not None else (1, 1)
+    families that set it apart from H/NH, Qwen3's; ``SE`` a mixture's shared experts in expert widths, Qwen2-MoE's)
+    and the sequence length."""
+    experts, top_k, shared = ((model.moe.num_experts, model.moe.top_k, model.moe.shared_experts)
+                              if model.moe is not None else (1, 1, 0))
     return {"S": float(seq_len), "H": float(model.hidden), "NH": float(model.num_heads),
             "KV": float(model.kv_heads), "F": float(_ffn(model)), "V": float(model.vocab), "E": float(experts),
-            "K": float(top_k), "D": float(model.head_dim)}
+            "K": float(top_k), "D": float(model.head_dim), "SE": float(shared)}
 
 
 def _ffn(model: ModelSpec) -> int:

@@ -59,6 +59,15 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
                                 vocab_size=v, max_position_embeddings=s, tie_word_embeddings=False, bos_token_id=0,
                                 eos_token_id=0, pad_token_id=None)
         cls = tr.Qwen3MoeForCausalLM
+    elif family == "qwen2-moe":  # Qwen2's attention; routed experts plus a gated shared expert SE expert widths wide
+        cfg = tr.Qwen2MoeConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
+                                intermediate_size=f, moe_intermediate_size=f,
+                                shared_expert_intermediate_size=dims["SE"] * f, num_experts=dims.get("E", EXPERTS),
+                                num_experts_per_tok=dims.get("K", TOP_K), norm_topk_prob=False, qkv_bias=True,
+                                decoder_sparse_step=1, use_sliding_window=False, output_router_logits=False,
+                                vocab_size=v, max_position_embeddings=s, tie_word_embeddings=False, bos_token_id=0,
+                                eos_token_id=0, pad_token_id=None)
+        cls = tr.Qwen2MoeForCausalLM
     elif family == "olmoe":  # RMSNorms on the whole query and key projections; every block a top-k mixture
         cfg = tr.OlmoeConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=kv,
                              intermediate_size=f, num_experts=dims.get("E", EXPERTS),
@@ -75,7 +84,7 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
         cls = tr.MixtralForCausalLM
     else:
         raise SystemExit(f"unknown family {family!r}; known: gpt2, llama, qwen2, qwen3, gpt-neox, mixtral, qwen3-moe, "
-                         "olmoe")
+                         "olmoe, qwen2-moe")
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = cls(cfg)
@@ -85,15 +94,18 @@ def build(family: str, dims: dict[str, int], precision: str) -> Any:
     return model
 
 
-GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe", "olmoe")
+GQA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe", "olmoe", "qwen2-moe")
 """Families whose key-value heads are their own dimension (grouped-query attention)."""
 
 HEAD_DIM_FAMILIES = ("llama", "qwen3", "qwen3-moe")
 """Families whose heads' width is a dimension of its own in transformers' code (``head_dim``, the ledger symbol
 ``D``), not always H/NH (Qwen3's, Mistral-Nemo's)."""
 
-MOE_FAMILIES = ("mixtral", "qwen3-moe", "olmoe")
+MOE_FAMILIES = ("mixtral", "qwen3-moe", "olmoe", "qwen2-moe")
 """Families whose MLP is a mixture of experts, traced with the experts and experts per token as symbols."""
+
+SHARED_EXPERT_FAMILIES = ("qwen2-moe",)
+"""Mixtures with a shared expert every token runs, its width a whole number of expert widths: a symbol (``SE``)."""
 
 EXPERTS, TOP_K = 8, 2
 """Mixtral's experts and experts per token (Mixtral 8x7B and 8x22B; the 2026-11-26 Mixtral profile): the base the
