@@ -405,7 +405,7 @@ class EvaluatedLedger:
     kernels: dict[str, float]
     host_ops: dict[str, float]
     saved_bytes: dict[str, Floats]
-    zeros: Floats
+    zeros: Floats  # one 0 per candidate: a per-candidate array for a number no candidate changes (a host sync)
     attention_kernel: str | None
     seq_len: int
     recompute_gemm_share: float
@@ -436,7 +436,7 @@ class EvaluatedLedger:
         if op.op_class == "view" or (op.op_class == "gemm" and not op.grouped):
             return None
         if op.op_class == "host_sync":
-            return op.count * sync_stall_s(machine) + 0.0 * self.zeros
+            return op.count * sync_stall_s(machine) + self.zeros
         if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
             return op.count * e.flops / _gemm_rate(machine, op.dtype)
         if op.op_class == "attention":
