@@ -57,14 +57,16 @@ TRACED_VERSIONS = {"transformers": "transformers==5.17.0", "torchtitan": "torcht
 
 def code_package(framework: str) -> str:
     """The package whose code `framework` traces (the executor is axoplan's own; its ledger records transformers')."""
-    return {"torchtitan": "torchtitan", "llm-foundry": "llmfoundry", "megatron": "megatron"}.get(framework,
-                                                                                              "transformers")
+    return {"torchtitan": "torchtitan", "llm-foundry": "llmfoundry", "megatron": "megatron",
+            "axonn": "torch"}.get(framework, "transformers")
 
 
 def code_version(framework: str) -> dict[str, str]:
     """The traced code's packages and versions (llm-foundry's MPT is a transformers ``PreTrainedModel``)."""
     from importlib.metadata import version
 
+    if framework == "axonn":  # no package: rebuilt from its code at these commits
+        return {"megatron-axonn": "f6df7ae (rebuilt from its code)", "axonn": "0.2.0 (rebuilt from its code)"}
     package = code_package(framework)
     distributions = {"llmfoundry": ("llm-foundry", "transformers"), "megatron": ("megatron-core",)}.get(package,
                                                                                                         (package,))
@@ -93,14 +95,22 @@ TRACED = {
                 "(fusions/fused_bias_swiglu.py) for the Llama-style block, whose fused linear_qkv runs as two "
                 "ColumnParallelLinear (one more GEMM forward, two backward); torch's fused AdamW for TE/apex "
                 "FusedAdam (tracing.megatron)",
+    "axonn": "Megatron-AxoNN's GPT (axonn-ai/Megatron-AxoNN f6df7ae: megatron/model/transformer.py, language_model.py, "
+             "gpt_model.py, pretrain_gpt.py; AxoNN 0.2.0's intra_layer Linear), which is no package, rebuilt op by op "
+             "from its code (host_replay.py's replica of its layer) on one rank with every group of one, its fp32 "
+             "main_grad hooks, vocab_parallel_cross_entropy and Float16OptimizerWithFloat16Params written out; "
+             "stand-ins, one op each way: apex's fused LayerNorm, the fused bias-GeLU and bias-dropout-add, "
+             "flash-attn's varlen kernel in its (b*s, heads, head) layout, CUDA's native_dropout; torch's fused AdamW "
+             "for apex FusedAdam (tracing.megatron_axonn)",
 }
 """What a trace ran of the framework's own code, and what stood in for kernels that do not run on a CPU."""
 
-ATTENTION = {"torchtitan": "flash", "llm-foundry": "run", "megatron": "flash"}
+ATTENTION = {"torchtitan": "flash", "llm-foundry": "run", "megatron": "flash", "axonn": "run"}
 """The attention kernel a framework's code runs, where it is not SDPA's pick on the device (``Ledger.attention``):
 torchtitan's FlexAttention has no measured curve of its own and takes FlashAttention-2's (its paper: 90 % of
 FlashAttention-2 forward, 85 % backward [assumed]); llm-foundry takes it from the run (``attn_config.attn_impl``:
-``flash`` or ``triton``, the run's ``--attention``)."""
+``flash`` or ``triton``, the run's ``--attention``); so does Megatron-AxoNN (``--use-flash-attn``, whose op list
+was traced, or its unfused core attention, which is refused in one line)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                     "torchtitan: its Llama 3 under FSDP2 mixed precision (--family llama --precision bf16); "
                     "llm-foundry: its MPT under Composer's FSDP, PURE bf16 (--family mpt --precision bf16); "
                     "megatron: Megatron-LM's GPT or Llama-style block, distributed optimizer (--family gpt2 or "
-                    "llama --precision bf16)")
+                    "llama --precision bf16); axonn: Megatron-AxoNN's GPT, rebuilt from its code (--family gpt2 "
+                    "--precision bf16)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.framework == "torchtitan" and (args.family, args.precision) != ("llama", "bf16"):
@@ -126,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.framework == "megatron" and (args.family not in ("gpt2", "llama") or args.precision != "bf16"):
         raise SystemExit("--framework megatron traces Megatron-LM's GPT or Llama-style block in bf16: --family gpt2 "
                          "or llama, --precision bf16")
+    if args.framework == "axonn" and (args.family, args.precision) != ("gpt2", "bf16"):
+        raise SystemExit("--framework axonn traces Megatron-AxoNN's GPT in bf16: --family gpt2 --precision bf16")
     if args.family == "mpt" and args.framework != "llm-foundry":
         raise SystemExit("--family mpt is llm-foundry's model: --framework llm-foundry")
     package = code_package(args.framework)
@@ -152,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.precision == "fp32" and args.framework != "executor":
         raise SystemExit("--precision fp32 is the executor's CPU dtype; Hugging Face steps are autocast or bf16")
     name = {"executor": "executor" + ("-fp32" if args.precision == "fp32" else ""), "torchtitan": "torchtitan",
-            "llm-foundry": "llm-foundry", "megatron": "megatron"}.get(args.framework, f"hf-{args.precision}")
+            "llm-foundry": "llm-foundry", "megatron": "megatron", "axonn": "axonn"}.get(args.framework,
+                                                                                      f"hf-{args.precision}")
     doc = {
         "profile": name, "family": args.family,
         "made_by": "python benchmarks/derive_ledger.py " + " ".join(sys.argv[1:] if argv is None else argv),

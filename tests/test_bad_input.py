@@ -213,6 +213,7 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("calibrate-trace-hidden", ("calibrate", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "-o", "fit.yaml",
                                 *TRACED, "--hidden", "4096"), "hidden size: the trace's embedding is 2048 wide"),
     ("explain-trace-no-ledger", ("explain", "--trace", GPT2_TRACE, "--machine", "dgx-h100", "--gpus", "1",
+                                 "--framework", "megatron-deepspeed",
                                  *TRACED[:10], "--global-batch", "4", "--micro-batch", "4", "--recompute", "off"),
      "prices no op ledger"),
     # --- plot ---

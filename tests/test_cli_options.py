@@ -61,7 +61,7 @@ def test_custom_model_flags_name_model_fields() -> None:
 
 def test_attention_and_gradient_dtype_are_reachable_from_rank() -> None:
     args = ("rank", "--model", "5B", "--gpus", "64", "--machine", "perlmutter", "--top", "1", "--format", "csv",
-            "--micro-batch", "1", "--recompute", "off", "--cache-weights", "off")
+            "--micro-batch", "1", "--recompute", "off", "--cache-weights", "off", "--framework", "megatron-deepspeed")
 
     def best(*extra: str) -> dict[str, str]:
         done = run_cli(*args, *extra)

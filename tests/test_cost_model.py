@@ -204,15 +204,15 @@ def test_groups_of_one_cost_nothing_and_parts_add_up(sizes):
 def test_host_ops_make_tiny_micro_batches_host_bound():
     """A micro-batch never takes less than the host needs to issue its ops: with a slow host,
     a tiny model's micro-batch takes exactly (ops + collective calls) x op_us (hand count from
-    frameworks/axonn.yaml: 2 blocks x (128 forward + 128 backward) + head 20 + 20, no recompute,
-    one GPU per group so no collective calls)."""
+    frameworks/megatron-deepspeed.yaml, a counted profile: 2 blocks x (139 forward + 151 backward) + head 20 + 20,
+    no recompute, one GPU per group so no collective calls)."""
     tiny = ModelSpec(name="tiny", num_layers=2, hidden=64, num_heads=4, vocab=256)
-    opts = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,))
+    opts = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,), framework="megatron-deepspeed")
     base = load_machine("dgx-h100")
     machine = base.model_copy(update={"host": base.host.model_copy(update={"op_us": 500.0, "launch_us": 0.0})})
     c = Candidates.single(Layout(1, 1, 1, 8), 1, False, False)
     col = predict(tiny, machine, opts, c).columns
-    ops = 2 * (128 + 128) + 20 + 20
+    ops = 2 * (139 + 151) + 20 + 20
     assert col["t_host_idle_s"][0] > 0
     assert col["t_step_s"][0] - col["t_optimizer_s"][0] - col["t_exposed_data_s"][0] - col["t_exposed_world_s"][0] \
         == pytest.approx(ops * 500e-6)
@@ -229,8 +229,8 @@ def test_unfused_attention_is_its_batched_gemms_plus_score_traffic():
     blocks of 128: 10 of 16 tiles) at attention_efficiency, and 2.5 times that backward."""
     from axoplan.cost.compute import gemm_s, memory_bound_s
 
-    flash, _ = one(Layout(2, 4, 8, 2))
-    unfused, _ = one(Layout(2, 4, 8, 2), attention="unfused")
+    flash, _ = one(Layout(2, 4, 8, 2), framework="megatron-deepspeed")  # a counted profile: Megatron-AxoNN's
+    unfused, _ = one(Layout(2, 4, 8, 2), attention="unfused", framework="megatron-deepspeed")  # ledger is flash's
     extra = unfused.columns["t_nongemm_s"][0] - flash.columns["t_nongemm_s"][0]
     machine = load_machine("frontier")
     heads = 2 * 16 / 4  # micro-batch 2, 16 heads over Gy = 4

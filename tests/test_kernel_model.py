@@ -94,17 +94,19 @@ def test_an_unknown_framework_is_one_clear_error() -> None:
 
 
 TINY = ModelSpec(name="tiny", num_layers=2, hidden=64, num_heads=4, vocab=256)
-OPTS = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,))
+OPTS = RunOptions(global_batch=8, seq_len=32, micro_batches=(1,), framework="megatron-deepspeed")
+"""A counted profile (frameworks/megatron-deepspeed.yaml), whose kernels and host ops the tests count by hand."""
 
 
 def test_kernel_gaps_are_counted_per_kernel_on_the_device() -> None:
     """Every kernel costs kernel_gap_us: raising it by 1 µs adds (kernels per micro-batch) µs per
-    micro-batch, hand-counted from frameworks/axonn.yaml: 2 blocks x (10 + 36) + head (13 + 14)."""
+    micro-batch, hand-counted from frameworks/megatron-deepspeed.yaml: 2 blocks x ((10 + 6) + (32 + 12)) + head
+    (13 + 14) (each phase's kernels and GEMM kernels)."""
     c = Candidates.single(Layout(1, 1, 1, 8), 1, False, False)
     base = predict(TINY, A100, OPTS, c).columns["t_nongemm_s"][0]
     slower = A100.model_copy(update={"device": A100.device.model_copy(update={"kernel_gap_us": 3.0})})
     diff = predict(TINY, slower, OPTS, c).columns["t_nongemm_s"][0] - base
-    assert diff == pytest.approx((2 * (10 + 36) + 13 + 14) * 1e-6)
+    assert diff == pytest.approx((2 * (16 + 44) + 13 + 14) * 1e-6)
 
 
 def test_recompute_repeats_the_forward_ops_and_adds_the_checkpoint_bookkeeping() -> None:
@@ -113,13 +115,13 @@ def test_recompute_repeats_the_forward_ops_and_adds_the_checkpoint_bookkeeping()
     plain = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, False, False)).columns
     rec = predict(TINY, slow, OPTS, Candidates.single(Layout(1, 1, 1, 8), 1, True, False)).columns
     added = (rec["t_step_s"][0] - plain["t_step_s"][0])
-    assert added == pytest.approx(2 * (128 + 14) * 1e-3, rel=1e-6)  # frameworks/axonn.yaml: forward, checkpoint
+    assert added == pytest.approx(2 * (139 + 32) * 1e-3, rel=1e-6)  # megatron-deepspeed.yaml: forward, checkpoint
 
 
 def test_every_kernel_launch_costs_the_host_launch_us() -> None:
     """With launches dominating (1 ms each, ops free), a host-bound micro-batch takes kernels x
-    launch_us, hand-counted from frameworks/axonn.yaml: 2 blocks x (10 + 36) + head (13 + 14) =
-    119 kernels; one GPU per group, so no collective calls. Recompute launches the forward again."""
+    launch_us, hand-counted from frameworks/megatron-deepspeed.yaml: 2 blocks x ((10 + 6) + (32 + 12)) + head
+    (13 + 14) = 147 kernels; one GPU per group, so no collective calls. Recompute launches the forward again."""
     host = A100.host.model_copy(update={"op_us": 1e-6, "launch_us": 1000.0})
     slow = A100.model_copy(update={"host": host})
 
@@ -128,8 +130,8 @@ def test_every_kernel_launch_costs_the_host_launch_us() -> None:
         return float(col["t_step_s"][0] - col["t_optimizer_s"][0] - col["t_exposed_data_s"][0]
                      - col["t_exposed_world_s"][0]) / float(col["grad_accum"][0])
 
-    assert device_side_free(False) == pytest.approx(119 * 1e-3, rel=1e-6)
-    assert device_side_free(True) - device_side_free(False) == pytest.approx(2 * 10 * 1e-3, rel=1e-6)
+    assert device_side_free(False) == pytest.approx(147 * 1e-3, rel=1e-6)
+    assert device_side_free(True) - device_side_free(False) == pytest.approx(2 * 16 * 1e-3, rel=1e-6)
     assert load_machine("local-cpu").host.launch_us == 0.0  # a CPU 'device' launches nothing
 
 

@@ -63,4 +63,4 @@ def test_explain_wide_lists_every_op_priced_by_hand() -> None:
 
 def test_the_op_list_only_with_wide_and_a_ledger() -> None:
     assert "op by op" not in _explain("--framework", "hf-transformers")
-    assert "op by op" not in _explain("--framework", "axonn", "--wide")
+    assert "op by op" not in _explain("--framework", "megatron-deepspeed", "--wide")

@@ -87,7 +87,7 @@ def test_a100_op_classes_derived_from_the_h100_reach_by_sigma_derived() -> None:
 def test_each_reach_applies_where_its_source_says() -> None:
     assert abs(SIGMA_COUNTED - math.log(1 / (1 - 0.275))) < 0.005  # issue 29's -27.5 % mean miss
     # a counted framework: only its own term (it reads no op class, family op list or attention curve)
-    assert _found(GPT2, "dgx-a100", framework="axonn") == {"framework counted, not traced": SIGMA_COUNTED}
+    assert _found(GPT2, "dgx-h100", framework="megatron-deepspeed") == {"framework counted, not traced": SIGMA_COUNTED}
     # a counted framework on a device its steps were measured on (vTrain's A100 40 GB): its measured error stands
     assert _found(GPT2, "dgx-a100", framework="megatron-deepspeed") == {}
     assert _found(GPT2, "dgx-h100", framework="megatron-deepspeed") == {"framework counted, not traced": SIGMA_COUNTED}
@@ -100,7 +100,7 @@ def test_each_reach_applies_where_its_source_says() -> None:
         "model family gpt2 not traced, priced with mpt's op list": SIGMA_FAMILY}
     assert _found(mpt, "dgx-h100", framework="pytorch-fsdp") == {}
     assert _found(mpt, "dgx-b200", framework="pytorch-fsdp") == {"device's op classes never measured": SIGMA_UNMEASURED}
-    assert _found(GPT2, "dgx-h100", framework="axonn", seq_len=256) == {
+    assert _found(GPT2, "dgx-h100", framework="megatron-deepspeed", seq_len=256) == {
         "framework counted, not traced": SIGMA_COUNTED}
     # Megatron-LM is traced (frameworks/ledgers/megatron-gpt2.json): a GPT-2 block on the H100 reaches nothing
     assert _found(GPT2, "dgx-h100", framework="megatron-lm") == {}
@@ -207,7 +207,7 @@ def test_rank_wide_and_explain_name_what_widened_the_interval() -> None:
     assert r.returncode == 0, r.stderr
     assert ("interval widened: device's copy_cast, loss, optimizer taken from another device (+10 %): the time "
             "model's one-sigma error is 15 %, not 10 % (docs/uncertainty.md, 'Reach')") in r.stdout.splitlines()
-    r = run_cli("explain", *common, "--machine", "dgx-h100", "--framework", "axonn", "--wide")
+    r = run_cli("explain", *common, "--machine", "dgx-h100", "--framework", "megatron-deepspeed", "--wide")
     assert r.returncode == 0, r.stderr
     assert ("interval widened: framework counted, not traced (+32 %): the time model's one-sigma error is 34 %, "
             "not 10 % (docs/uncertainty.md, 'Reach')") in r.stdout.splitlines()

@@ -305,7 +305,8 @@ def test_what_does_not_pin_one_step_down_is_refused(tmp_path: Path, model_yaml: 
             str(model_yaml), "--global-batch", "4")
     _refused(run_cli_here(*base, "--framework", "hf-transformers", "--recompute", "off"), "--micro-batch 1,2,4,8")
     _refused(run_cli_here(*base, "--framework", "hf-transformers", "--micro-batch", "4"), "--recompute search")
-    _refused(run_cli_here(*base, "--micro-batch", "4", "--recompute", "off"), "--framework axonn prices no op ledger")
+    _refused(run_cli_here(*base, "--micro-batch", "4", "--recompute", "off", "--framework", "megatron-deepspeed"),
+             "--framework megatron-deepspeed prices no op ledger")
     _refused(run_cli_here("calibrate", "--machine", "dgx-h100", "-o", str(tmp_path / "m.yaml")),
              "give measured runs", "--trace FILE")
 

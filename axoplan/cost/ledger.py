@@ -75,7 +75,8 @@ class Term:
 
     coef: float
     exps: tuple[tuple[str, int], ...]
-    axis: str | None = None  # a block's activation axis on the Megatron path (x: hidden features, y: heads, FFN)
+    axis: str | None = None  # a block's activation axis on the Megatron path (x: hidden features, y: heads, FFN);
+    # z: a parameter's Z shard (a weight gradient added into the fp32 main gradient after AxoNN's reduce-scatter)
 
     @property
     def per_logit(self) -> bool:
@@ -322,17 +323,19 @@ def _ffn(model: ModelSpec) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Split:
-    """How a tensor divides over a candidate's GPUs: a parameter-shaped one is the GPU's ``1/(Gx·Gy)`` block; on the
+    """How a tensor divides over a candidate's GPUs: a parameter-shaped one is the GPU's ``1/(Gx·Gy)`` block (the
+    ``1/(Gx·Gy·Gz)`` shard where its axis is ``z``: a gradient accumulated after its reduce-scatter over Z); on the
     Megatron path an activation is split over its axis (a block op's recorded one; elsewhere the vocabulary over
     Y and the hidden features over X); on the Hugging Face path activations are whole (each GPU its own tokens)."""
 
     params: Floats
     x: Floats
     y: Floats
+    shard: Floats | None = None  # the GPU's 1/(Gx·Gy·Gz) shard of a parameter
 
     def of(self, t: Term) -> Floats:
         if t.parameter_shaped:
-            return self.params
+            return self.shard if t.axis == "z" and self.shard is not None else self.params
         axis = t.axis or ("y" if any(s == "V" for s, _ in t.exps) else "x")
         return self.y if axis == "y" else self.x
 
@@ -455,7 +458,7 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
                            "axonn")
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
     split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, hf_path))
-    shard = _Split(gx * gy, split_x, split_y)  # the hf path's view: activations whole
+    shard = _Split(gx * gy, split_x, split_y, gx * gy * c.gz.astype(np.float64))  # hf path: activations whole
     sym = symbols(model, seq_len, c)
     experts = model.moe.num_experts if model.moe is not None else 1
     ops: list[EvaluatedOp] = []

@@ -166,13 +166,16 @@ def price(plan: CompiledPlan, machine: Machine | None = None) -> Prediction:
 
 def framework_ledger(profile: FrameworkProfile, model: ModelSpec, machine: Machine,
                      options: RunOptions) -> Ledger | None:
-    """The framework's op ledger for `model` on the device, or None for a profile without one. Its attention runs
+    """The framework's op ledger for `model` on the device, or None for a profile without one (or a mixture of
+    experts that its dense ledger does not run, where the profile also counts its blocks: AxoNN's). Its attention runs
     on the backend SDPA picks on the device (``Machine.kernels.default_attention``); under ``--recompute-policy
     full`` a recompute reruns every block's whole forward (:meth:`Ledger.fully_recomputed`)."""
     name = profile.ledger_for(machine.device.kind)
     if name is None:
         return None
     ledger = load_ledger(name, shipped_family(name, ledger_family(model)))
+    if model.moe is not None and not ledger.moe and profile.block is not None:
+        return None  # a mixture its dense trace does not run: the profile's counts price it (AxoNN's MoE modules)
     if options.recompute_policy == "full":
         ledger = ledger.fully_recomputed()
     if ledger.moe and options.moe_module != "transformers":  # its op list runs transformers' experts

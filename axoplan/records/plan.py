@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PositiveInt, ValidationError, field_serializer, model_validator
+from pydantic import Field, PositiveInt, ValidationError, field_serializer, field_validator, model_validator
 
 from axoplan.cost.budget import TrainingCost, steps_for
 from axoplan.errors import AxoplanError
@@ -66,6 +66,18 @@ class PredictedStep(Frozen):
     tflops_per_gpu: float = Field(ge=0)
     pct_peak: float = Field(ge=0)
     breakdown: dict[str, float] = Field(default_factory=dict, description="Every column of the prediction.")
+
+    @field_validator("mem_total_bytes")
+    @classmethod
+    def _to_the_byte(cls, value: float) -> float:
+        """Bytes are whole (a ledger's saved tensors divided over a layout's GPUs may leave a fraction): kept as
+        they are written, so that a plan reads back unchanged."""
+        return float(json_numbers({"mem_total_bytes": value})["mem_total_bytes"])
+
+    @field_validator("breakdown")
+    @classmethod
+    def _whole_columns_in(cls, value: dict[str, float]) -> dict[str, float]:
+        return {k: float(v) if isinstance(v, int) else v for k, v in json_numbers(value).items()}
 
     @field_serializer("mem_total_bytes")
     def _whole_bytes(self, value: float) -> float | int:

@@ -24,7 +24,7 @@ StepTrace = tuple[dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int
 
 STEP_TRACERS = {"hf": "hf:trace_step", "executor": "executor:trace_executor_step",
                 "torchtitan": "torchtitan:trace_torchtitan_step", "llm-foundry": "llm_foundry:trace_llm_foundry_step",
-                "megatron": "megatron:trace_megatron_step"}
+                "megatron": "megatron:trace_megatron_step", "axonn": "megatron_axonn:trace_axonn_step"}
 """Each ``--framework``'s step tracer, ``module:function`` in this package (imported when that framework is traced;
 its arguments are the family, the dimensions and the precision)."""
 
@@ -126,7 +126,7 @@ def _entry(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied:
     entry = {"op": op["op"], "class": "host_sync" if op.get("sync") else op_class(op["op"]), "read": terms("in"),
              "write": terms("out")}
     if scope.startswith("block"):
-        entry["axis"] = activation_axis(scope, op["region"])
+        entry["axis"] = op.get("axis") or activation_axis(scope, op["region"])
     if entry["class"] in {"gemm", "attention"}:
         entry["flops"] = _flops_terms(op, i, scope, runs, varied, base)
         entry["dtype"] = "fp32" if op["in"] and op["in"][0][1] == 4 else "bf16"

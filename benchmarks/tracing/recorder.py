@@ -85,6 +85,7 @@ class Recorder(TorchDispatchMode):
         self._scope = "rest_forward"
         self.gemms_seen = 0
         self.ops: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.made_in: dict[int, int] = {}  # each storage an op wrote last: the GEMMs of its scope before that op
 
     @property
     def scope(self) -> str:
@@ -135,6 +136,8 @@ class Recorder(TorchDispatchMode):
                 "op": "_grouped_mm_fallback.offs_cpu", "in": [(t.numel(), t.element_size()) for t in offs],
                 "out": [(t.numel(), t.element_size()) for t in offs], "shapes": [], "region": self.gemms_seen,
                 "sync": True})
+        for t in outs:
+            self.made_in[t.untyped_storage().data_ptr()] = self.gemms_seen
         if op_class(name) == "gemm":
             self.gemms_seen += 1
         return out
@@ -184,17 +187,20 @@ def _unique(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 @contextmanager
 def saved_bytes(recorder: Recorder, saved: dict[str, list[tuple[int, int]]],
-                skip: set[int] | None = None) -> Iterator[None]:
+                skip: set[int] | None = None, where_made: bool = False) -> Iterator[None]:
     """What autograd keeps for the backward, per scope, each storage once (its bytes, and how many GEMMs of the
     scope came before it: its activation axis); storages in `skip` (FSDP's unsharded parameters, freed after the
-    forward) are not counted."""
+    forward) are not counted. `where_made`: the GEMMs before the op that made the storage, not before the moment
+    autograd keeps it (a linear keeps its input when its GEMM has run, so a count at that moment puts the input
+    on the output's axis; the Megatron-AxoNN trace asks for it, the earlier ledgers were traced without)."""
     seen: set[int] = set(skip or ())
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage().data_ptr()
         if key not in seen and t.untyped_storage().nbytes() > 0:
             seen.add(key)
-            saved[recorder.scope].append((t.untyped_storage().nbytes(), recorder.gemms_seen))
+            region = recorder.made_in.get(key, recorder.gemms_seen) if where_made else recorder.gemms_seen
+            saved[recorder.scope].append((t.untyped_storage().nbytes(), region))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
