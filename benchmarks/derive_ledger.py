@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                     "torchtitan: its Llama 3 under FSDP2 mixed precision (--family llama --precision bf16); "
                     "llm-foundry: its MPT under Composer's FSDP, PURE bf16 (--family mpt --precision bf16); "
                     "megatron: Megatron-LM's GPT or Llama-style block, distributed optimizer (--family gpt2 or "
-                    "llama --precision bf16); axonn: Megatron-AxoNN's GPT, rebuilt from its code (--family gpt2 "
-                    "--precision bf16)")
+                    "llama --precision bf16); axonn: Megatron-AxoNN's GPT or Llama recipe, rebuilt from its code "
+                    "(--family gpt2 or llama --precision bf16)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.framework == "torchtitan" and (args.family, args.precision) != ("llama", "bf16"):
@@ -137,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.framework == "megatron" and (args.family not in ("gpt2", "llama") or args.precision != "bf16"):
         raise SystemExit("--framework megatron traces Megatron-LM's GPT or Llama-style block in bf16: --family gpt2 "
                          "or llama, --precision bf16")
-    if args.framework == "axonn" and (args.family, args.precision) != ("gpt2", "bf16"):
-        raise SystemExit("--framework axonn traces Megatron-AxoNN's GPT in bf16: --family gpt2 --precision bf16")
+    if args.framework == "axonn" and (args.family not in ("gpt2", "llama") or args.precision != "bf16"):
+        raise SystemExit("--framework axonn traces Megatron-AxoNN's GPT or Llama recipe in bf16: --family gpt2 or "
+                         "llama, --precision bf16")
     if args.family == "mpt" and args.framework != "llm-foundry":
         raise SystemExit("--family mpt is llm-foundry's model: --framework llm-foundry")
     package = code_package(args.framework)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from axoplan.cost.ledger import Ledger, LedgerOp, Term, evaluate_ledger, load_ledger
+from axoplan.cost.ledger import Ledger, LedgerOp, Term, evaluate_ledger, load_ledger, traced_families
 from axoplan.cost.model import framework_ledger
 from axoplan.inputs.framework import load_framework
 from axoplan.inputs.machine import load_machine
@@ -162,15 +162,41 @@ def test_explain_shows_the_default_frameworks_ledger_op_by_op() -> None:
             ("block_backward", "add_.Tensor"), ("block_backward", "gelu_backward.bias")} <= rows
 
 
-def test_the_shipped_ledger_is_what_its_made_by_command_derives(tmp_path: Path) -> None:
+def test_the_llama_recipe_runs_eager_rmsnorm_rotary_and_repeats_keys_and_values_to_every_head() -> None:
+    """Megatron-AxoNN's Llama recipe (``--normalization RMSNorm --swiglu --use-rotary-position-embeddings
+    --group-query-attention``): Megatron's RMSNorm is eight eager ops (``x.float()``, square, mean, ``+ eps``,
+    ``rsqrt``, product, cast back, times the weight) per norm; rotary (cosine, sine, two products, the negation and
+    concatenation of ``rotate_half``, the sum, the final concatenation) on the query and on the key after
+    ``repeat_interleave`` has copied keys and values to all NH heads; the SwiGLU's bias added, then SiLU and the
+    product, eager. At NH = 32, KV = 8 (T = B·S tokens)."""
+    ledger = load_ledger("axonn", "llama")
+    fwd = _calls(ledger, "block_forward")
+    for op in ("pow.Tensor_Scalar", "mean.dim", "rsqrt.default"):
+        assert fwd[op] == 2, op
+    assert fwd["_to_copy.default"] == 4  # each norm's x.float() and its type_as
+    assert fwd["cos.default"] == fwd["sin.default"] == fwd["neg.default"] == 2
+    assert fwd["silu.default"] == 1 and "fused_layer_norm.default" not in fwd and "gelu.bias" not in fwd
+    dims = {**DIMS, "KV": 8.0, "F": 14336.0}
+    t, h = dims["B"] * dims["S"], dims["H"]
+    copies = _ops(ledger, "block_forward", "clone.default")
+    # the query's ungrouping, the key's and value's repeats (a clone of their broadcast to NH heads, read as the
+    # recorder counts a view: at its full size), q/k/v into flash's layout, its output back: 2·T·H bytes each way
+    assert len(copies) == 7
+    assert all(_value(op.read, dims) == 2 * t * h and _value(op.write, dims) == 2 * t * h for op in copies)
+    assert traced_families("axonn") == ("llama", "gpt2")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_each_shipped_ledger_is_what_its_made_by_command_derives(tmp_path: Path, family: str) -> None:
     """The tracer runs in the project's own venv (torch only: Megatron-AxoNN is rebuilt, not imported): its command
-    writes the shipped file again, op for op."""
-    out = tmp_path / "axonn-gpt2.json"
-    done = subprocess.run([sys.executable, "benchmarks/derive_ledger.py", "--framework", "axonn", "--family", "gpt2",
+    writes each shipped file again, op for op."""
+    out = tmp_path / f"axonn-{family}.json"
+    done = subprocess.run([sys.executable, "benchmarks/derive_ledger.py", "--framework", "axonn", "--family", family,
                            "--precision", "bf16", "--out", str(out)], capture_output=True, text=True, check=False,
                           cwd=REPO)
     assert done.returncode == 0, done.stderr
-    shipped = json.loads((REPO / "frameworks" / "ledgers" / "axonn-gpt2.json").read_text())
+    shipped = json.loads((REPO / "frameworks" / "ledgers" / f"axonn-{family}.json").read_text())
     derived = json.loads(out.read_text())
-    assert shipped["made_by"] == "python benchmarks/derive_ledger.py --framework axonn --family gpt2 --precision bf16"
+    assert shipped["made_by"] == ("python benchmarks/derive_ledger.py --framework axonn --family "
+                                  f"{family} --precision bf16")
     assert {k: v for k, v in derived.items() if k != "made_by"} == {k: v for k, v in shipped.items() if k != "made_by"}

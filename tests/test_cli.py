@@ -152,7 +152,8 @@ def test_frameworks_lists_how_each_prices_a_step_and_which_families_it_traced():
     assert out.returncode == 0
     rows = {line.split()[0]: line for line in out.stdout.splitlines()[2:] if line and not line[0].isspace()}
     assert set(shipped_frameworks()) <= set(rows)
-    assert rows["axonn"].split()[1:3] == ["axonn", "gpt2"] and rows["megatron-deepspeed"].split()[1] == "counted"
+    assert rows["axonn"].split()[1] == "axonn" and "llama, gpt2" in rows["axonn"]
+    assert rows["megatron-deepspeed"].split()[1] == "counted"
     assert "llama, qwen2, qwen3, gpt2, gpt-neox, mixtral" in rows["hf-transformers"]
     assert rows["pytorch-fsdp"].split()[1:3] == ["llm-foundry", "mpt"]
     assert "A100-SXM4-40GB, A100-SXM4-80GB" in rows["pytorch-fsdp"]

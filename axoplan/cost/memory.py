@@ -179,7 +179,7 @@ def memory_per_gpu(model: ModelSpec, options: RunOptions, c: Candidates,
         optimizer=state(rules.optimizer),
         gathered=_gathered_bytes(model, options, c, profile),
         activations=(_activation_bytes(model, options, c, profile, tokens) if ledger is None
-                     else _ledger_activation_bytes(model, c, profile, ledger, tokens)),
+                     else _ledger_activation_bytes(model, options, c, profile, ledger, tokens)),
         logits=tokens * vocab_rows(model, c) / activation_split(c.gx, c.gy, options.hf_path)[1].astype(np.float64)
         * rules.logits_bytes / rules.loss_chunks,
         gradients_apart=gradients_apart(options, c, profile),
@@ -252,22 +252,23 @@ def _activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, prof
     return np.where(c.recompute, model.num_layers * checkpoint + per_layer, model.num_layers * per_layer)
 
 
-def _ledger_activation_bytes(model: ModelSpec, c: Candidates, profile: FrameworkProfile, ledger: LedgerCost,
-                             tokens: Floats) -> Floats:
+def _ledger_activation_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile,
+                             ledger: LedgerCost, tokens: Floats) -> Floats:
     """What autograd keeps, from the ledger's saved tensors (traced with saved-tensor hooks, each storage once):
     every block's, and the rest of the forward's (embeddings, final norm, the LM head's weight copy, the loss's
     fp32 log-probabilities, of which a loss run in ``memory.loss_chunks`` chunks keeps one chunk's at a time). Under
     recompute a block keeps what its framework's checkpointing keeps, where the ledger traced it (torchtitan's
     selective policy: the block's input and the outputs of the matmuls and the attention it saves), else only its
     input (full recompute: the residual stream, in the dtype the forward runs the embedding in:
-    ``memory.residual_bytes``, else the weights': fp32 under autocast), and one block's working set is alive at a
-    time."""
+    ``memory.residual_bytes``, else the weights': fp32 under autocast; its hidden features split over X on
+    Megatron-AxoNN's path, as the counted rule splits them), and one block's working set is alive at a time."""
     block, rest = ledger.saved_bytes.get("block_forward", 0.0 * tokens), ledger.saved_bytes.get("rest_forward", 0.0)
     rules = profile.memory
     per_logit = ledger.saved_bytes.get("rest_forward_logits", 0.0)
     rest = rest - per_logit * (1.0 - 1.0 / rules.loss_chunks)  # a chunked loss keeps one chunk's
     residual = rules.residual_bytes if rules.residual_bytes is not None else min(rules.weights.bytes_per_param, 4.0)
-    checkpoint = ledger.saved_bytes.get("block_checkpointed", tokens * model.hidden * residual)
+    split_x = np.asarray(activation_split(c.gx, c.gy, options.hf_path)[0], dtype=np.float64)
+    checkpoint = ledger.saved_bytes.get("block_checkpointed", tokens * model.hidden / split_x * residual)
     full = model.num_layers * block + rest
     recomputed = model.num_layers * checkpoint + block + rest
     return np.where(c.recompute, recomputed, full)

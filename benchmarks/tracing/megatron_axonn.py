@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from .megatron import _attention_probs, _BiasDropoutAdd, _BiasGeLU, _FusedLayerNorm, _native_dropout
+from .megatron import _attention_probs, _BiasDropoutAdd, _BiasGeLU, _fused_qkv_regions, _FusedLayerNorm, _native_dropout
 from .recorder import Recorder, saved_bytes
 
 DROPOUT = 0.1
@@ -150,21 +150,76 @@ class _LayerNorm(torch.nn.Module):
         return _FusedLayerNorm.apply(x, self.weight, self.bias, 1e-5)
 
 
-class _Attention(torch.nn.Module):
-    """``ParallelAttention.forward`` on the flash path (self-attention, causal, no rotary, no KV cache)."""
+class _RMSNorm(torch.nn.Module):
+    """Megatron's ``RMSNorm`` (``megatron/model/rms_norm.py``), which ``get_norm`` builds for ``--normalization
+    RMSNorm``: eager, no fused kernel: ``x.float()``, its square, mean, ``+ eps``, ``rsqrt``, the product, the cast
+    back (``type_as``), times the weight."""
 
-    def __init__(self, hidden: int, heads: int) -> None:
+    def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.query_key_value = _AxonnLinear(hidden, 3 * hidden)
-        self.dense = _AxonnLinear(hidden, hidden)
-        self.heads, self.head_dim = heads, hidden // heads
+        self.weight = torch.nn.Parameter(torch.ones(hidden))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mixed, _ = self.query_key_value(x)  # Megatron-AxoNN drops the QKV bias
-        mixed = mixed.view(*mixed.shape[:-1], self.heads, 3 * self.head_dim)
-        query, key, value = torch.split(mixed, [self.head_dim] * 3, dim=3)
-        query = query.view(query.size(0), query.size(1), -1, self.head_dim)
-        key, value = key.repeat_interleave(1, dim=2), value.repeat_interleave(1, dim=2)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _apply_rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """``apply_rotary_pos_emb`` (``megatron/core/models/common/rotary_pos_embedding.py``) over the whole head: the
+    cosine and sine of the ``[s, 1, 1, head]`` frequencies, ``t·cos + rotate_half(t)·sin``, the pass-through part
+    (empty here) concatenated back."""
+    rot = freqs.shape[-1]
+    t, t_pass = t[..., :rot], t[..., rot:]
+    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
+    t = (t * cos) + (_rotate_half(t) * sin)
+    return torch.cat((t, t_pass), dim=-1)
+
+
+class _Attention(torch.nn.Module):
+    """``ParallelAttention.forward`` on the flash path (self-attention, causal, no KV cache): the QKV output viewed
+    in query groups, split, the key and value repeated to every query head (``repeat_interleave`` of ``heads/groups``,
+    a copy even of one), rotary on the query and the repeated key where the model has it; grouped-query attention's
+    query, which no view can ungroup from the fused layout, is reshaped (a copy, as the fused layout forces on a
+    GPU)."""
+
+    def __init__(self, hidden: int, heads: int, groups: int, split_qkv: bool) -> None:
+        super().__init__()
+        self.heads, self.groups, self.head_dim = heads, groups, hidden // heads
+        self.split_qkv = split_qkv
+        if split_qkv:
+            self.query = _AxonnLinear(hidden, hidden)
+            self.key_value = _AxonnLinear(hidden, 2 * groups * self.head_dim)
+        else:
+            self.query_key_value = _AxonnLinear(hidden, 3 * hidden)
+        self.dense = _AxonnLinear(hidden, hidden)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fused QKV linear and its split into query groups; under grouped-query attention its ``H·(NH + 2·KV)/NH``
+        outputs are no monomial, so it runs as two linears (queries ``H``, keys and values ``2·KV·H/NH``: the same
+        bytes and flops, one more GEMM forward and two backward, their regions as the fused one's:
+        ``tracing.megatron._fused_qkv_regions``), the query's reshape out of the grouped layout kept as a copy."""
+        per_group = self.heads // self.groups
+        if not self.split_qkv:
+            mixed, _ = self.query_key_value(x)  # Megatron-AxoNN drops the QKV bias
+            mixed = mixed.view(*mixed.shape[:-1], self.groups, (per_group + 2) * self.head_dim)
+            query, key, value = torch.split(mixed, [per_group * self.head_dim, self.head_dim, self.head_dim], dim=3)
+            return query.reshape(query.size(0), query.size(1), -1, self.head_dim), key, value
+        query = self.query(x)[0].view(x.size(0), x.size(1), self.heads, self.head_dim)
+        kv = self.key_value(x)[0].view(x.size(0), x.size(1), self.groups, 2 * self.head_dim)
+        key, value = torch.split(kv, [self.head_dim, self.head_dim], dim=3)
+        return (query.clone() if per_group > 1 else query), key, value
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        query, key, value = self._qkv(x)
+        per_group = self.heads // self.groups
+        key, value = key.repeat_interleave(per_group, dim=2), value.repeat_interleave(per_group, dim=2)
+        if freqs is not None:
+            query, key = _apply_rotary(query, freqs), _apply_rotary(key, freqs)
         q, k, v = (t.transpose(0, 1).contiguous() for t in (query, key, value))  # rearrange 's b ... -> b s ...'
         s = q.shape[1]
         torch.arange(0, (q.shape[0] + 1) * s, step=s, dtype=torch.int32)  # cu_seqlens
@@ -174,31 +229,41 @@ class _Attention(torch.nn.Module):
 
 
 class _MLP(torch.nn.Module):
-    """``ParallelMLP.forward`` with ``bias_gelu_fusion``."""
+    """``ParallelMLP.forward``: with ``bias_gelu_fusion`` the fused bias-GeLU; with ``--swiglu`` the up projection
+    twice as wide, its bias added (AxoNN's linears always have one: Megatron-AxoNN passes no ``bias=``), then
+    ``F.silu(x[0]) * x[1]`` of its two halves, eager."""
 
-    def __init__(self, hidden: int, ffn: int) -> None:
+    def __init__(self, hidden: int, ffn: int, swiglu: bool) -> None:
         super().__init__()
-        self.dense_h_to_4h = _AxonnLinear(hidden, ffn)
+        self.swiglu = swiglu
+        self.dense_h_to_4h = _AxonnLinear(hidden, 2 * ffn if swiglu else ffn)
         self.dense_4h_to_h = _AxonnLinear(ffn, hidden)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inter, bias = self.dense_h_to_4h(x)
-        return self.dense_4h_to_h(_BiasGeLU.apply(inter, bias))
+        if not self.swiglu:
+            return self.dense_4h_to_h(_BiasGeLU.apply(inter, bias))
+        gate, up = torch.chunk(inter + bias, 2, dim=-1)
+        return self.dense_4h_to_h(F.silu(gate) * up)
 
 
 class AxonnBlock(torch.nn.Module):
     """``ParallelTransformerLayer.forward`` (encoder layer, pre-norm, ``bias_dropout_fusion``): norm, attention,
-    bias-dropout-add, norm, MLP, bias-dropout-add; ``make_viewless_tensor`` returns its input (not a view)."""
+    bias-dropout-add, norm, MLP, bias-dropout-add; ``make_viewless_tensor`` returns its input (not a view). `llama`:
+    the Llama recipe's ``--normalization RMSNorm --swiglu --use-rotary-position-embeddings --group-query-attention``
+    (``examples/run_axonn_amd_tinyllama.sh``)."""
 
-    def __init__(self, hidden: int, heads: int, ffn: int) -> None:
+    def __init__(self, dims: dict[str, int], llama: bool) -> None:
         super().__init__()
-        self.input_norm = _LayerNorm(hidden)
-        self.self_attention = _Attention(hidden, heads)
-        self.post_attention_norm = _LayerNorm(hidden)
-        self.mlp = _MLP(hidden, ffn)
+        hidden = dims["H"]
+        norm = _RMSNorm if llama else _LayerNorm
+        self.input_norm = norm(hidden)
+        self.self_attention = _Attention(hidden, dims["NH"], dims["KV"], split_qkv=llama)
+        self.post_attention_norm = norm(hidden)
+        self.mlp = _MLP(hidden, dims["F"], swiglu=llama)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        attn, attn_bias = self.self_attention(self.input_norm(hidden_states))
+    def forward(self, hidden_states: torch.Tensor, freqs: torch.Tensor | None = None) -> torch.Tensor:
+        attn, attn_bias = self.self_attention(self.input_norm(hidden_states), freqs)
         norm_input = _BiasDropoutAdd.apply(attn, attn_bias.expand_as(hidden_states), hidden_states, DROPOUT)
         mlp_out, mlp_bias = self.mlp(self.post_attention_norm(norm_input))
         return _BiasDropoutAdd.apply(mlp_out, mlp_bias.expand_as(norm_input), norm_input, DROPOUT)
@@ -210,19 +275,32 @@ class AxonnGPT(torch.nn.Module):
     embedding (``[s, b, V]``) and ``vocab_parallel_cross_entropy`` on ``output.float()`` (``fp16_lm_cross_entropy``
     off), the per-token losses transposed back to ``[b, s]``."""
 
-    def __init__(self, dims: dict[str, int]) -> None:
+    def __init__(self, dims: dict[str, int], llama: bool = False) -> None:
         super().__init__()
         hidden = dims["H"]
+        self.llama = llama
         self.word_embeddings = torch.nn.Parameter(torch.randn(dims["V"], hidden) * 0.02)
-        self.position_embeddings = torch.nn.Parameter(torch.randn(dims["S"], hidden) * 0.02)
+        if not llama:  # learned absolute positions; the Llama recipe's are rotary
+            self.position_embeddings = torch.nn.Parameter(torch.randn(dims["S"], hidden) * 0.02)
+        head = hidden // dims["NH"]
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, head, 2).float() / head))
         self.embedding_dropout = torch.nn.Dropout(DROPOUT)
-        self.block = AxonnBlock(hidden, dims["NH"], dims["F"])
-        self.final_norm = _LayerNorm(hidden)
+        self.block = AxonnBlock(dims, llama)
+        self.final_norm = (_RMSNorm if llama else _LayerNorm)(hidden)
+
+    def _rotary_freqs(self, seq: int) -> torch.Tensor:
+        """``RotaryEmbedding.forward``: the positions' outer product with the inverse frequencies (a buffer the
+        model's bf16 conversion made bf16), doubled, ``[s, 1, 1, head]``."""
+        freqs = torch.outer(torch.arange(seq, dtype=self.inv_freq.dtype), self.inv_freq)
+        return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
 
     def forward(self, ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        embeddings = F.embedding(ids, self.word_embeddings) + F.embedding(position_ids, self.position_embeddings)
+        embeddings = F.embedding(ids, self.word_embeddings)
+        if not self.llama:
+            embeddings = embeddings + F.embedding(position_ids, self.position_embeddings)
         hidden = self.embedding_dropout(embeddings.transpose(0, 1).contiguous())
-        hidden = self.final_norm(self.block(hidden))
+        freqs = self._rotary_freqs(ids.shape[1]) if self.llama else None
+        hidden = self.final_norm(self.block(hidden, freqs))
         logits = hidden.matmul(self.word_embeddings.t())
         losses = _VocabParallelCrossEntropy.apply(logits.float(), labels.transpose(0, 1).contiguous())
         return losses.transpose(0, 1).contiguous()
@@ -337,9 +415,9 @@ def trace_axonn_step(family: str, dims: dict[str, int], precision: str) -> tuple
         dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int]]], int]:
     """Megatron-AxoNN's training step of a one-block GPT (:class:`AxonnGPT`) on one rank: forward and loss, backward
     (the gradient hooks fill the fp32 ``main_grad`` buffer), the optimizer step. The second step is traced."""
-    assert family == "gpt2" and precision == "bf16", "Megatron-AxoNN's GPT in bf16"
+    assert family in ("gpt2", "llama") and precision == "bf16", "Megatron-AxoNN's GPT or Llama recipe in bf16"
     torch.manual_seed(0)
-    model = AxonnGPT(dims).to(torch.bfloat16).train()
+    model = AxonnGPT(dims, llama=family == "llama").to(torch.bfloat16).train()
     for dropout in [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]:
         dropout.forward = _native_dropout(dropout)  # type: ignore[method-assign]
     params = list(model.parameters())
@@ -370,4 +448,7 @@ def trace_axonn_step(family: str, dims: dict[str, int], precision: str) -> tuple
         loss.backward()
         rec.scope = "step"
         _optimizer_step(buffer, shards, states)
-    return dict(rec.ops), dict(saved), len(buffer)
+    ops = dict(rec.ops)
+    if family == "llama":
+        _fused_qkv_regions(ops, saved)
+    return ops, dict(saved), len(buffer)
