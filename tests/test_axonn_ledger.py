@@ -12,7 +12,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from axoplan.cost.ledger import Ledger, LedgerOp, Term, evaluate_ledger, load_ledger, traced_families
@@ -23,6 +22,7 @@ from axoplan.inputs.model import load_model
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import Layout
+from tests import ledger_helpers
 
 DIMS = {"B": 2.0, "S": 2048.0, "H": 4096.0, "NH": 32.0, "KV": 32.0, "F": 16384.0, "V": 51200.0}
 """A GPT block's shape (the 5B preset's width, F = 4·H) at which sizes are held to hand-derived formulas."""
@@ -35,14 +35,10 @@ def ledger() -> Ledger:
 
 
 def _value(terms: tuple[Term, ...], dims: dict[str, float] = DIMS) -> float:
-    return sum(t.coef * float(np.prod([dims[s] ** e for s, e in t.exps])) for t in terms)
+    return ledger_helpers.value(terms, dims)
 
 
-def _calls(ledger: Ledger, scope: str) -> Counter[str]:
-    calls: Counter[str] = Counter()
-    for op in ledger.ops(scope):
-        calls[op.op] += op.count
-    return calls
+_calls = ledger_helpers.calls
 
 
 def _ops(ledger: Ledger, scope: str, name: str) -> list[LedgerOp]:

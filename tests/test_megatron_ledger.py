@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from axoplan.cost.ledger import Ledger, LedgerOp, Term, load_ledger
 from axoplan.inputs.framework import load_framework
+from tests import ledger_helpers
 
 DIMS = {"B": 2.0, "S": 2048.0, "H": 4096.0, "NH": 32.0, "KV": 32.0, "F": 16384.0, "V": 51200.0}
 """A GPT block's shape (the AxoNN 5B preset's width, F = 4·H) at which sizes are held to hand-derived formulas."""
@@ -27,14 +26,10 @@ def ledger() -> Ledger:
 
 
 def _value(terms: tuple[Term, ...], dims: dict[str, float] = DIMS) -> float:
-    return sum(t.coef * float(np.prod([dims[s] ** e for s, e in t.exps])) for t in terms)
+    return ledger_helpers.value(terms, dims)
 
 
-def _calls(ledger: Ledger, scope: str) -> Counter[str]:
-    calls: Counter[str] = Counter()
-    for op in ledger.ops(scope):
-        calls[op.op] += op.count
-    return calls
+_calls = ledger_helpers.calls
 
 
 def _only(ledger: Ledger, scope: str, name: str) -> LedgerOp:
