@@ -384,10 +384,12 @@ def _collectives_table(r: Ranking, i: int, wide: bool = False) -> str:
         if measured:
             notes.append("placement*: bandwidth from the machine's measured table; --wide adds each group's stride "
                          "and the hidden seconds")
+        if any(row[1] == _SHORT_PHASE["recompute"] for row in rows):
+            notes.append("refwd: the forward that activation recompute runs again in the backward")
     return text_table(headers, rows, right) + "".join("\n" + wrap(n, wide) for n in notes)
 
 
-_SHORT_PHASE = {"forward": "fwd", "backward": "bwd"}
+_SHORT_PHASE = {"forward": "fwd", "backward": "bwd", "recompute": "refwd"}
 
 
 def _collective_row(t: CollectiveTerm, i: int, calls: float, link: str) -> list[str]:

@@ -108,6 +108,19 @@ def test_explain_fits_120_columns_and_says_one_micro_batch():
     assert "1 micro-batch per step" in text
 
 
+def test_explain_of_a_recomputed_layout_fits_120_columns_and_names_the_rerun_forward():
+    """The recompute phase beside cross-package placements made the narrow collective table 124 wide: it is
+    'refwd' there, with a line saying what that is; --wide spells it out."""
+    args = ("explain", "--model", "320B", "--gpus", "32768", "--machine", "frontier", "--layout", "2x8x64x32/zxy",
+            "--recompute", "on")
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert max(map(len, done.stdout.splitlines())) <= 120
+    assert " refwd " in done.stdout and "refwd: the forward that activation recompute runs again" in done.stdout
+    wide = run_cli(*args, "--wide")
+    assert " recompute " in wide.stdout and " refwd " not in wide.stdout
+
+
 @pytest.mark.parametrize("spelling", ["1x1x8x8", "1x1x8x8/zxy", "1x1x8x8/yzx"])
 def test_every_spelling_of_one_placement_is_accepted(spelling: str):
     # with X and Y of one GPU, every rank order places the Z and data groups the same way: one candidate
