@@ -182,6 +182,7 @@ def test_the_llama_recipe_runs_eager_rmsnorm_rotary_and_repeats_keys_and_values_
     assert traced_families("axonn") == ("llama", "gpt2")
 
 
+@pytest.mark.slow  # a tracing subprocess per family (about 5 s each)
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_each_shipped_ledger_is_what_its_made_by_command_derives(tmp_path: Path, family: str) -> None:
     """The tracer runs in the project's own venv (torch only: Megatron-AxoNN is rebuilt, not imported): its command
