@@ -331,11 +331,11 @@ class _Split:
     params: Floats
     x: Floats
     y: Floats
-    shard: Floats | None = None  # the GPU's 1/(Gx·Gy·Gz) shard of a parameter
+    shard: Floats  # the GPU's 1/(Gx·Gy·Gz) shard of a parameter
 
     def of(self, t: Term) -> Floats:
         if t.parameter_shaped:
-            return self.shard if t.axis == "z" and self.shard is not None else self.params
+            return self.shard if t.axis == "z" else self.params
         axis = t.axis or ("y" if any(s == "V" for s, _ in t.exps) else "x")
         return self.y if axis == "y" else self.x
 

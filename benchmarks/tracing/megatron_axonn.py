@@ -282,8 +282,9 @@ class AxonnGPT(torch.nn.Module):
         self.word_embeddings = torch.nn.Parameter(torch.randn(dims["V"], hidden) * 0.02)
         if not llama:  # learned absolute positions; the Llama recipe's are rotary
             self.position_embeddings = torch.nn.Parameter(torch.randn(dims["S"], hidden) * 0.02)
-        head = hidden // dims["NH"]
-        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, head, 2).float() / head))
+        if llama:  # rotary's inverse frequencies (a buffer: the model's bf16 conversion makes it bf16)
+            head = hidden // dims["NH"]
+            self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, head, 2).float() / head))
         self.embedding_dropout = torch.nn.Dropout(DROPOUT)
         self.block = AxonnBlock(dims, llama)
         self.final_norm = (_RMSNorm if llama else _LayerNorm)(hidden)
