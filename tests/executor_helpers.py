@@ -184,3 +184,12 @@ def second_z_task(gx: int, gy: int, gz: int, gdata: int) -> tuple[list[int], lis
     groups = build_groups(Layout(gx, gy, gz, gdata), "cpu", 30.0, second_z=True)
     z, scatter = groups.group["z"], groups.scatter_group("z")
     return dist.get_process_group_ranks(z), dist.get_process_group_ranks(scatter), z is not scatter
+
+
+def run_then_leave_task(plan_json: str, settings_json: str) -> list[str]:
+    """Run the plan, leave the process group, and name this rank's gloo threads still alive (a rank's last task)."""
+    from axoplan.executor.worker import leave_group, native_thread_names, run_plan_task
+
+    run_plan_task(plan_json, settings_json)
+    leave_group()
+    return [name for name in native_thread_names() if "gloo" in name]

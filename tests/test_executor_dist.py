@@ -9,6 +9,7 @@ the whole module (forkserver with torch preloaded; one process group per rank).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -217,3 +218,18 @@ def test_a_hung_rank_is_named_after_the_collective_timeout() -> None:
         cluster.run("axoplan.executor.worker:run_plan_task", plan.to_json(), settings.model_dump_json())
     assert failure.value.rank == 3
     assert "did not respond" in failure.value.cause and "Timed out" in failure.value.cause
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="the thread probe reads Linux /proc")
+@pytest.mark.parametrize("recompute", [False, True], ids=["no-recompute", "recompute"])
+def test_leaving_the_group_after_a_run_joins_every_gloo_thread(recompute: bool) -> None:
+    """A rank that left its groups has no gloo thread left (one alive at exit aborts the rank, issue 12).
+
+    With recompute, torch's checkpoint imports ``torch.distributed.nn.functional``, whose defaults would keep
+    the default group alive if it were imported after the group was made (``init_group`` imports it first).
+    """
+    plan = tiny_plan(Layout(1, 1, 4, 1), recompute=recompute, micro_batch=2)
+    with LocalCluster(4, timeout_s=30) as cluster:
+        alive = cluster.run("tests.executor_helpers:run_then_leave_task", plan.to_json(),
+                            check_settings().model_dump_json())
+    assert alive == [[], [], [], []]

@@ -9,6 +9,7 @@ its peers are then blocked in, or about to enter, a collective with it, and the 
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
 import traceback
@@ -30,7 +31,15 @@ __all__ = ["serve", "init_group", "run_plan_task", "run_in_process", "train_task
 
 def init_group(rank: int, world_size: int, timeout_s: float, device: str, init_method: str | None = None,
                local_rank: int | None = None) -> None:
-    """Join the default process group (NCCL on CUDA, else gloo) with a timeout on every collective."""
+    """Join the default process group (NCCL on CUDA, else gloo) with a timeout on every collective.
+
+    ``torch.distributed.nn.functional`` is imported first: its functions take ``group=group.WORLD`` as a
+    default argument, evaluated when the module is imported, so importing it once the default group exists
+    keeps that group alive in the functions' defaults after ``destroy_process_group``, with its gloo threads
+    (which abort the rank at interpreter exit, issue 12). torch's activation checkpoint imports it (through
+    ``torch._dynamo``) on a recomputed run's first block; imported here, the defaults hold None.
+    """
+    importlib.import_module("torch.distributed.nn.functional")
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if use_cuda:
         torch.cuda.set_device((rank if local_rank is None else local_rank) % torch.cuda.device_count())
@@ -103,6 +112,8 @@ def leave_group() -> None:
     kills rank 0 before it writes its record. Collecting the cycles first lets the destroy drop
     the last reference to every group, whose destructor joins its threads here.
     """
+    if not dist.is_initialized():  # left already (a task may leave before the serve loop ends)
+        return
     gc.collect()
     dist.destroy_process_group()
     gc.collect()
