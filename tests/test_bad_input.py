@@ -81,9 +81,9 @@ CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("memory-before-batch", ("rank", "--model", "320B", "--gpus", "12", "--machine", "alps", "--global-batch", "7"),
      "in memory"),
     ("batch-advice-near", ("rank", "--model", "5B", "--gpus", "64", "--global-batch", "3", "--micro-batch", "2"),
-     "try --global-batch 4"),
+     "try --global-batch 8"),
     ("batch-advice-6144", ("rank", "--model", "320B", "--gpus", "6144", "--machine", "alps"),
-     "try --global-batch 1536 or 3072 or 6144"),
+     "try --global-batch 3072 or 6144"),
     # --- machine and model files ---
     ("machine-missing-yaml", ("rank", "--model", "5B", "--gpus", "8", "--machine", "nothere.yaml"), "does not exist"),
     ("machine-folder", ("rank", "--model", "5B", "--gpus", "8", "--machine", "adir"), "is a folder"),

@@ -88,7 +88,7 @@ def test_infeasible_rows_show_reasons():
     (("--model", "320B", "--gpus", "64", "--machine", "frontr"), "did you mean 'frontier'"),
     (("--model", "32B", "--gpus", "64"), "did you mean '320B'"),
     (("--model", "320B", "--gpus", "8"), "the smallest GPU count that fits is"),
-    (("--model", "5B", "--gpus", "64", "--global-batch", "3", "--micro-batch", "2"), "try --global-batch 4"),
+    (("--model", "5B", "--gpus", "64", "--global-batch", "3", "--micro-batch", "2"), "try --global-batch 8"),
     (("--model", "5B", "--gpus", "64", "--micro-batch", "x"), "comma-separated integers"),
     (("--gpus", "8", "--hidden", "64"), "--layers"),
 ])

@@ -711,7 +711,7 @@ def test_fewer_feasible_layouts_than_asked(tmp_path: Path):
     gx, gy, gz, _ = ordered_factorizations(8)
     most = sum(math.factorial(int(x > 1) + int(y > 1) + int(z > 1)) for x, y, z in zip(gx, gy, gz, strict=True))
     r = cli("export", "--model", "5B", "--gpus", "8", "--machine", "frontier", "--micro-batch", "1", "--recompute",
-            "off", "--cache-weights", "off", "--top", "50", "--out-dir", str(tmp_path / "o"))
+            "on", "--cache-weights", "off", "--top", "50", "--out-dir", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     folders = sorted(p.name for p in (tmp_path / "o").iterdir())
     assert 0 < len(folders) <= most and folders[0].startswith("01-")

@@ -298,14 +298,14 @@ def test_heads_reason_through_explain():
 
 
 def test_node_hour_cap_keeps_every_row_within_it_in_rank_order():
-    """With the fit rule the rows within --max-node-hours are not a prefix of the order: Frontier's Llama 3.1 8B on
-    1,024 GCDs, rank 1 fits and is slower (so dearer) than the doubtful fastest layout ranked below it; a cap between
-    the two keeps the doubtful one and drops rank 1. (Until the default framework's Llama op list was traced the
-    case was the 70B; its fastest layout now fits.)"""
+    """With the fit rule the rows within --max-node-hours are not a prefix of the order: Frontier's Llama 3.1 70B on
+    256 GCDs, rank 1 fits and is slower (so dearer) than the doubtful fastest layout ranked below it; a cap between
+    the two keeps the doubtful one and drops rank 1. (The case was 1,024 GCDs until the default framework's Llama
+    op list was traced and its recompute required: there its fastest layout now fits.)"""
     from axoplan.cost.budget import run_cost
 
     machine = load_machine("frontier")
-    r = rank(load_model("llama3.1-8B"), machine, RunOptions(), 1024)
+    r = rank(load_model("llama3.1-70B"), machine, RunOptions(), 256)
     t, p = r.column("t_step_s"), r.column("p_fit")
     first = int(r.order[0])
     feasible = r.order[: r.num_feasible]
@@ -313,10 +313,10 @@ def test_node_hour_cap_keeps_every_row_within_it_in_rank_order():
     assert p[first] >= 0.9 > p[fastest] and t[fastest] < t[first]  # issue 30's case on this machine
 
     def hours(i: int) -> float:
-        return run_cost(10**12, 2048, 2048, float(t[i]), 1024, 8).node_hours
+        return run_cost(10**12, 2048, 2048, float(t[i]), 256, 8).node_hours
 
     cap = (hours(fastest) + hours(first)) / 2
-    done = run_cli_here("rank", "--model", "llama3.1-8B", "--gpus", "1024", "--machine", "frontier", "--tokens",
+    done = run_cli_here("rank", "--model", "llama3.1-70B", "--gpus", "256", "--machine", "frontier", "--tokens",
                         "1T", "--max-node-hours", f"{cap:.3f}", "--top", "50")
     assert done.returncode == 0, done.stderr
     rows = _rank_rows(done.stdout)

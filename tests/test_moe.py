@@ -126,10 +126,10 @@ def test_native_moe_needs_no_x_y_split_and_an_expert_tp_dividing_z():
     from axoplan.search.feasibility import check
 
     opts = RunOptions(global_batch=64, seq_len=S, expert_tp=4)
-    c = Candidates.single(Layout(2, 1, 4, 1), 1, False, False)
+    c = Candidates.single(Layout(2, 1, 4, 1), 1, True, False)  # recomputed, as Megatron-AxoNN's code needs
     assert check(TINY, opts, c).failed(0) == ["moe"]
-    assert check(TINY, opts, Candidates.single(Layout(1, 1, 2, 4), 1, False, False)).failed(0) == ["moe"]
-    assert check(TINY, opts, Candidates.single(Layout(1, 1, 8, 1), 1, False, False)).failed(0) == []
+    assert check(TINY, opts, Candidates.single(Layout(1, 1, 2, 4), 1, True, False)).failed(0) == ["moe"]
+    assert check(TINY, opts, Candidates.single(Layout(1, 1, 8, 1), 1, True, False)).failed(0) == []
 
 
 def test_mfu_counts_the_active_parameters():

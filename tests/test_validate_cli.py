@@ -138,7 +138,7 @@ _ORDER_CSV_HEADER = ("machine,model_name,layers,hidden,heads,vocab,max_positions
 
 def _explained_s(*args: str) -> float:
     r = run_cli("explain", "--model", "20B", "--gpus", "128", "--machine", "frontier", "--micro-batch", "4",
-                "--recompute", "off", "--cache-weights", "on", *args)
+                "--recompute", "on", "--cache-weights", "on", *args)
     assert r.returncode == 0, r.stderr
     return float(r.stdout.split("predicted ", 1)[1].split(" s/iter", 1)[0])
 
@@ -150,7 +150,7 @@ def test_validate_predicts_a_plan_in_its_own_tensor_parallel_order(tmp_path: Pat
     xyz = _explained_s("--layout", "4x2x8x2", "--tp-order", "xyz")
     assert abs(zxy / xyz - 1) > 0.05  # the order matters for this layout, so the test can fail
     runs = tmp_path / "runs.csv"
-    row = "frontier,20B,32,7168,56,51200,2048,2048,2048,4,4,2,8,2,false,true,{order},100.0"
+    row = "frontier,20B,32,7168,56,51200,2048,2048,2048,4,4,2,8,2,true,true,{order},100.0"
     runs.write_text("\n".join([_ORDER_CSV_HEADER, row.format(order="zxy"), row.format(order="xyz")]) + "\n")
     table = tmp_path / "table.json"
     r = run_cli("validate", str(runs), "--out", str(table))

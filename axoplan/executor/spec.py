@@ -134,7 +134,7 @@ def check_runnable(plan: LaunchConfig, engine: str = "native") -> None:
 
     lay = plan.layout.to_layout()
     one = Candidates.single(lay, plan.micro_batch, plan.recompute, plan.cache_weights)
-    problems = check(plan.model, plan.options, one, engine).texts(0)
+    problems = check(plan.model, plan.options, one, engine, framework_code=False).texts(0)
     if engine == "axonn" and lay.order != DEFAULT_ORDER:
         raise AxoplanError(f"AxoNN 0.2.0 has X innermost only (tensor_parallel_order is on its Gordon Bell branch); "
                            f"layout {lay} needs the native engine, or export with --tp-order xyz")

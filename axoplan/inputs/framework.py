@@ -149,6 +149,9 @@ class FrameworkProfile(Frozen):
     axonn_path: Literal["megatron", "hf"] | None = Field(
         None, description="The AxoNN path this framework's code is (hf: Hugging Face's eager model, which AxoNN's "
         "Hugging Face path runs; a run under it is priced on that path); None: whichever --axonn-path says.")
+    recompute_required: bool = Field(
+        False, description="true: the framework's code runs its blocks only with full activation recompute (on its "
+        "Megatron path), so a layout without recompute cannot run under it (the feasibility rule 'recompute').")
     block: BlockCounts | None = Field(
         None, description="Host ops and kernels of one block (a profile without a ledger).")
     host_replay: HostReplay | None = Field(

@@ -94,7 +94,7 @@ def explain_infeasible(r: Ranking) -> str:
         return (f"{r.feasibility.text(0, 'positions')} of {r.model.name}; use --seq-len {r.model.max_positions} or "
                 "less, or a model with more positions (max_positions in a model YAML)")
     divides = ~(fails["dims-x"] | fails["dims-y"] | fails["heads"] | fails["zblock"])
-    shape_ok = divides & ~fails["moe"]
+    shape_ok = divides & ~fails["moe"] & ~fails["recompute"]  # a layout its framework's code runs
     fits = shape_ok & ~fails["memory"]
     where = f"{r.world_size} GPUs of {r.machine.name}"
     moe = _moe_refusal(r)

@@ -15,6 +15,9 @@ reasons are reported (the first that fails names the candidate's reason):
 * ``moe``: the MoE module can run the layout: AxoNN's native ``DroplessMoEMLP`` builds its
   tensor-parallel and FSDP groups inside Z (``Gx = Gy = 1``, ``expert_tp`` dividing Gz and the
   expert width; ``axonn/intra_layer/moe/linear.py``); the Mixtral patch's linears need the hf path;
+* ``recompute``: the framework's code runs only with full activation recompute (its profile's
+  ``recompute_required``: Megatron-AxoNN at f6df7ae raises otherwise), on its Megatron path; the
+  executor, which runs its own code, does not ask for it;
 * ``zblock``: only for AxoNN's own linears, which do not pad: Gz divides each layer's
   X·Y weight block (the native executor zero-pads the last Z shard);
 * ``memory``: the memory the layout needs does not fit the HBM even at the low end of its
@@ -39,9 +42,9 @@ from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import sequences_per_micro_step
 
-__all__ = ["REASONS", "Feasibility", "check", "heads_not_divided"]
+__all__ = ["REASONS", "Feasibility", "check", "heads_not_divided", "recompute_required"]
 
-REASONS = ("", "positions", "dims-x", "dims-y", "heads", "batch", "moe", "zblock", "memory")
+REASONS = ("", "positions", "dims-x", "dims-y", "heads", "batch", "moe", "recompute", "zblock", "memory")
 
 Bools = npt.NDArray[np.bool_]
 Floats = npt.NDArray[np.float64]
@@ -83,8 +86,9 @@ class Feasibility:
 
 
 def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "native",
-          memory: MemoryVerdict | None = None) -> Feasibility:
-    """Every rule for every candidate (vectorised); memory only when its verdict is given."""
+          memory: MemoryVerdict | None = None, framework_code: bool = True) -> Feasibility:
+    """Every rule for every candidate (vectorised); memory only when its verdict is given; the framework's own
+    code's rules (``recompute``) only for a plan its code runs (`framework_code`; not the executor's)."""
     n = len(c)
     sizes = c.sizes()
     dims = {axis: np.zeros(n, dtype=bool) for axis in ("x", "y")}
@@ -104,10 +108,21 @@ def check(model: ModelSpec, options: RunOptions, c: Candidates, engine: str = "n
         "batch": options.global_batch % sequences_per_micro_step(c.gx, c.gy, c.gz, c.gdata, c.micro_batch,
                                                                   options.hf_path) != 0,
         "moe": _moe_fails(model, options, c),
+        "recompute": ~c.recompute & (framework_code and recompute_required(options)),
         "zblock": zblock,
         "memory": memory.does_not_fit if memory is not None else np.zeros(n, dtype=bool),
     }
     return Feasibility(model, options, c, fails, memory)
+
+
+def recompute_required(options: RunOptions) -> bool:
+    """Whether the run's framework runs its blocks only under full recompute (its Megatron path)."""
+    return load_framework(options.framework).recompute_required and not options.hf_path
+
+
+def _recompute(f: Feasibility, i: int) -> str:
+    return (f"--framework {f.options.framework} runs its blocks only with full activation recompute (its code raises "
+            f"otherwise; frameworks/{f.options.framework}.yaml): use --recompute on or search")
 
 
 def _moe_fails(model: ModelSpec, options: RunOptions, c: Candidates) -> npt.NDArray[np.bool_]:
@@ -192,5 +207,5 @@ def _memory(f: Feasibility, i: int) -> str:
 
 _TEXT: dict[str, Callable[[Feasibility, int], str]] = {
     "positions": _positions, "dims-x": _dims("x"), "dims-y": _dims("y"), "heads": _heads, "batch": _batch,
-    "moe": _moe, "zblock": _zblock, "memory": _memory,
+    "moe": _moe, "recompute": _recompute, "zblock": _zblock, "memory": _memory,
 }

@@ -23,7 +23,7 @@ from axoplan.inputs.framework import load_framework
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
-from axoplan.search.feasibility import REASONS, Feasibility, check
+from axoplan.search.feasibility import REASONS, Feasibility, check, recompute_required
 from axoplan.search.fit import TIGHT_LEVEL, FitPolicy, fit_order, fit_probability
 from axoplan.space.candidates import Candidates
 from axoplan.space.layout import Layout
@@ -120,7 +120,17 @@ def rank(model: ModelSpec, machine: Machine, options: RunOptions, world_size: in
         raise AxoplanError(f"--gpus {world_size} is larger than axoplan handles ({MAX_WORLD})")
     check_machine_size(machine, world_size)
     check_moe_options(model, options, world_size)
+    check_recompute_option(options)
     return rank_candidates(model, machine, options, world_size, Candidates.enumerate(world_size, options), fit)
+
+
+def check_recompute_option(options: RunOptions) -> None:
+    """Refuse ``--recompute off`` under a framework whose code runs only with full recompute (feasibility's
+    ``recompute`` rule, named before any layout is tried)."""
+    if options.recompute == "off" and recompute_required(options):
+        raise AxoplanError(f"--framework {options.framework} runs its blocks only with full activation recompute "
+                           f"(its code raises otherwise; frameworks/{options.framework}.yaml): use --recompute on or "
+                           "search, or a framework that runs without it")
 
 
 def check_moe_options(model: ModelSpec, options: RunOptions, world_size: int | None = None) -> None:
@@ -160,9 +170,11 @@ def check_machine_size(machine: Machine, world_size: int) -> None:
 
 def rank_candidates(
     model: ModelSpec, machine: Machine, options: RunOptions, world_size: int, c: Candidates,
-    fit: FitPolicy | None = None,
+    fit: FitPolicy | None = None, framework_code: bool = True,
 ) -> Ranking:
-    """Predict, check and order the candidates `c` (columns ``mem_need_bytes``, ``mem_tight`` and ``p_fit`` added)."""
+    """Predict, check and order the candidates `c` (columns ``mem_need_bytes``, ``mem_tight`` and ``p_fit`` added);
+    `framework_code` False: runs that did run (``validate``), to which the framework's own code rules do not apply
+    (feasibility's ``recompute``)."""
     fit = fit or FitPolicy()
     pred = predict(model, machine, options, c)
     verdict = memory_verdict(pred.columns["mem_total_bytes"], machine, load_framework(options.framework),
@@ -170,7 +182,7 @@ def rank_candidates(
     pred = replace(pred, columns=pred.columns | {"mem_need_bytes": verdict.need_bytes,
                                                   "mem_tight": verdict.tight.astype(np.float64),
                                                   "p_fit": fit_probability(verdict, TIGHT_LEVEL)})
-    feasibility = check(model, options, c, memory=verdict)
+    feasibility = check(model, options, c, memory=verdict, framework_code=framework_code)
     reason = feasibility.reason
     order = fit_order(pred.columns["t_step_s"], pred.columns["p_fit"], reason == 0, fit)
     return Ranking(model, machine, options, world_size, pred, reason, order, feasibility, fit)

@@ -108,7 +108,7 @@ class Predictor:
         out: dict[str, np.ndarray] = {}
         for model, options, world, cands, idx in self._groups:
             # a group may mix world sizes; the ranking's world size only labels its messages
-            ranking = rank_candidates(model, machine, options, world, cands)
+            ranking = rank_candidates(model, machine, options, world, cands, framework_code=False)  # they ran
             cols = dict(ranking.prediction.columns)
             cols["feasible"] = ranking.reason == 0
             cols["reason"] = np.array([REASONS[r] for r in ranking.reason], dtype=object)

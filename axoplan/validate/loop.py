@@ -74,7 +74,7 @@ def scenarios(plans: Sequence[PlanRuns], min_plans: int = 2) -> list[list[PlanRu
 def _ranking(plans: Sequence[PlanRuns], machine: Machine) -> Ranking:
     first = plans[0].plan
     return rank_candidates(first.model, machine, first.options, first.world_size,
-                           plan_candidates([p.plan for p in plans]))
+                           plan_candidates([p.plan for p in plans]), framework_code=False)  # measured: they ran
 
 
 def next_plans(plans: Sequence[PlanRuns], machine: Machine, timed: Sequence[int], k: int, rule: Rule) -> list[int]:
