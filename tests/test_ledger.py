@@ -830,3 +830,22 @@ def test_a_compiled_plan_reprices_the_host_syncs_when_the_host_moves() -> None:
     assert float(repriced["t_class_host_sync_s"][0]) == float(fresh["t_class_host_sync_s"][0]) == pytest.approx(
         48 * (2 * 3.78 + 2 * 7.7) * 1e-6)
     assert float(repriced["t_step_s"][0]) == float(fresh["t_step_s"][0])
+
+
+def test_each_candidate_priced_alone_is_its_row_of_the_whole_set() -> None:
+    """The ledger is evaluated once per distinct (Gx, Gy, Gz, micro-batch) and spread back to every candidate: each
+    candidate of a set with every order, recompute and caching priced alone gives its own row to the last bit."""
+    h100 = load_machine("dgx-h100")
+    model = ModelSpec(name="m", num_layers=4, hidden=1024, num_heads=16, vocab=50304, max_positions=2048)
+    ledger = load_ledger("axonn", "gpt2")
+    c = Candidates.enumerate(16, RunOptions(global_batch=64, micro_batches=(1, 2)))
+    whole = price_ledger(ledger, h100, model, 2048, c, hf_path=False)
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(c), size=12, replace=False):
+        alone = price_ledger(ledger, h100, model, 2048, c.take(np.array([i])), hf_path=False)
+        assert alone.seconds.keys() == whole.seconds.keys() and alone.saved_bytes.keys() == whole.saved_bytes.keys()
+        for key, t in whole.seconds.items():
+            assert alone.seconds[key][0] == t[i], (i, key)
+        for scope, b in whole.saved_bytes.items():
+            assert alone.saved_bytes[scope][0] == b[i], (i, scope)
+    assert len(np.unique(np.stack([c.gx, c.gy, c.gz, c.micro_batch], 1), axis=0)) < len(c)  # it did share rows

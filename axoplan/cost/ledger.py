@@ -408,10 +408,12 @@ class EvaluatedLedger:
     kernels: dict[str, float]
     host_ops: dict[str, float]
     saved_bytes: dict[str, Floats]
-    zeros: Floats  # one 0 per candidate: a per-candidate array for a number no candidate changes (a host sync)
+    zeros: Floats  # one 0 per distinct layout: an array for a number no layout changes (a host sync)
     attention_kernel: str | None
     seq_len: int
     recompute_gemm_share: float
+    candidate_of: npt.NDArray[np.intp]  # each candidate's distinct layout (Gx, Gy, Gz, micro-batch): the arrays'
+    # index; the monomials read nothing else of a candidate, so each distinct one is evaluated and priced once
 
     def attention_rate(self, machine: Machine) -> float:
         """Flop/s of the ledger's attention kernel on `machine` at its sequence length (attention_efficiency)."""
@@ -428,8 +430,10 @@ class EvaluatedLedger:
                 continue  # a view, or a 4D linear's GEMM: the tile model prices it with its collectives (cost.layers)
             key = (e.scope, e.op.op_class)
             seconds[key] = seconds.get(key, 0.0) + t
-        ledger = self.ledger
-        return LedgerCost(seconds, self.kernels, self.host_ops, self.saved_bytes, ledger.optimizer_bytes_per_param,
+        ledger, each = self.ledger, self.candidate_of
+        seconds = {key: t[each] for key, t in seconds.items()}
+        saved = {scope: b[each] for scope, b in self.saved_bytes.items()}
+        return LedgerCost(seconds, self.kernels, self.host_ops, saved, ledger.optimizer_bytes_per_param,
                           ledger.recompute_scope, self.recompute_gemm_share, ledger.optimizer_shard_bytes_per_param)
 
     def seconds(self, e: EvaluatedOp, machine: Machine, attn_rate: float) -> Floats | None:
@@ -451,11 +455,16 @@ class EvaluatedLedger:
 def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidates, hf_path: bool = True,
                     attention: str = "flash", views: bool = False) -> EvaluatedLedger:
     """`ledger`'s monomials for every candidate (:class:`EvaluatedLedger`); a mixture with a dense model's ledger is
-    refused in one line. `views`: keep the views too (their bytes, which pricing never reads: ``op_rows``)."""
+    refused in one line. `views`: keep the views too (their bytes, which pricing never reads: ``op_rows``). The
+    monomials are evaluated once per distinct (Gx, Gy, Gz, micro-batch), all they read of a candidate
+    (``EvaluatedLedger.candidate_of``)."""
     if model.moe is not None and not ledger.moe:
         raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for a dense model, not a mixture "
                            "of experts: trace one (benchmarks/derive_ledger.py --family mixtral) or use --framework "
                            "axonn")
+    distinct = np.stack([c.gx, c.gy, c.gz, c.micro_batch], axis=1)
+    _, first, candidate_of = np.unique(distinct, axis=0, return_index=True, return_inverse=True)
+    c = c.take(first)
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
     split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, hf_path))
     shard = _Split(gx * gy, split_x, split_y, gx * gy * c.gz.astype(np.float64))  # hf path: activations whole
@@ -477,7 +486,8 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
     saved["rest_forward_logits"] = _evaluate(tuple(t for t in ledger.saved.get("rest_forward", ()) if t.per_logit),
                                              sym, shard)  # the part a chunked loss keeps 1/chunks of
     return EvaluatedLedger(ledger, tuple(ops), kernels, host, saved, shard.params * 0.0,
-                           ledger.attention_kernel(attention), seq_len, ledger.recompute_share("gemm", model, seq_len))
+                           ledger.attention_kernel(attention), seq_len, ledger.recompute_share("gemm", model, seq_len),
+                           candidate_of.reshape(-1))
 
 
 @dataclass(frozen=True, slots=True)
