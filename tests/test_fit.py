@@ -83,7 +83,7 @@ def test_memory_fit_states_need_usable_memory_and_verdict():
     machine = load_machine("frontier")
     usable = machine.hbm_usable_bytes(load_framework("axonn").memory.communicators)
     live = usable  # the tensors exactly fill the usable memory: the point estimate sits at the HBM
-    fit = memory_fit(live, machine, "axonn")
+    fit = memory_fit(live, machine, load_model("20B"), RunOptions(framework="axonn"))
     assert fit.need_bytes == pytest.approx(64e9) and fit.p_fit == pytest.approx(0.5)
     assert fit.verdict == "tight"
     text = fit.describe()

@@ -6,6 +6,7 @@ options read from its code, and a case where the path changes the best layout.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from axoplan.cost.model import predict
@@ -104,8 +105,10 @@ def test_memory_holds_a_replicated_table_where_axonn_leaves_one_and_full_width_a
     machine = load_machine("frontier")
     hf = predict(MODEL, machine, RunOptions(axonn_path="hf", **opts), c).memory
     mg = predict(MODEL, machine, RunOptions(**{**opts, "global_batch": 4}), c).memory
-    # hf logits: the whole vocabulary of 256 own tokens, 6 B each; megatron: V/Gy of them
-    assert hf.logits[0] == 256 * 4096 * 6 and mg.logits[0] == 256 * 4096 / 4 * 6
+    # hf logits: the whole vocabulary of 256 own tokens at the bytes of the code the path runs (transformers' eager
+    # model, hf-transformers.yaml's logits_bytes: bf16 logits 2 + two fp32 gradients 4 + 4); megatron: V/Gy of them at
+    # Megatron-AxoNN's 6
+    assert hf.logits[0] == 256 * 4096 * 10 and mg.logits[0] == 256 * 4096 / 4 * 6
     # a linear's gathered input kept for dW: per own token k·G_out, e.g. qkv 1024·4
     assert hf.activations[0] > mg.activations[0]
 
@@ -143,22 +146,24 @@ def test_the_drain_is_once_per_micro_batch():
     assert t[("qkv", "backward", "reduce-scatter (drain)", "z")][0][2] == 3
 
 
-def test_the_hf_path_prefers_no_x_y_split_where_megatron_splits_y():
+def test_the_hf_path_pays_blocking_transitions_for_every_x_y_split():
     """Llama 3.1 405B on 4,096 Frontier GCDs, batch 4096 (one sequence per GPU on the hf path). Megatron-AxoNN's
-    best splits the layers over Y inside a node (the Y all-reduces are cheap there, and Y shrinks the Z traffic
-    of every block). On the hf path every X·Y split adds two all-to-alls and an all-gather-v of activations per
-    linear each way, blocking, which cost more than the Z traffic they save: its best is pure Z (Gx·Gy = 1,
-    where AxoNN skips the transitions)."""
+    best splits the layers over Y. On the hf path every X·Y split adds two all-to-alls and an all-gather-v of
+    activations per linear each way, blocking and exposed; a pure-Z layout (Gx·Gy = 1, where AxoNN skips the
+    transitions) pays none. (Until the hf path was priced from transformers' eager code, its best here was pure Z;
+    that code's fp32 weights and their autocast casts now favour a Y split of 2: docs/decisions.md, session 7.)"""
     m, machine = load_model("llama3.1-405B"), load_machine("frontier")
     mg = rank(m, machine, RunOptions(global_batch=4096), 4096)
     hf = rank(m, machine, RunOptions(global_batch=4096, axonn_path="hf"), 4096)
-    best_mg, best_hf = mg.candidates.layout(int(mg.order[0])), hf.candidates.layout(int(hf.order[0]))
-    assert best_mg.gx * best_mg.gy > 1 and best_hf.gx * best_hf.gy == 1
-    # the megatron best layout, run on the hf path, is slower than the hf best: its transitions cost
-    i = hf.index_of(best_mg)
-    moved = sum(float(t.exposed_s[i]) for t in hf.prediction.collectives if t.op in ("all-to-all", "all-gather-v"))
-    assert moved > 0 and hf.column("t_step_s")[i] > hf.column("t_step_s")[int(hf.order[0])]
+    best_mg = mg.candidates.layout(int(mg.order[0]))
+    assert best_mg.gx * best_mg.gy > 1
 
+    def moved(layout: Layout) -> float:
+        i = hf.index_of(layout)
+        return sum(float(t.exposed_s[i]) for t in hf.prediction.collectives if t.op in ("all-to-all", "all-gather-v"))
+
+    assert moved(best_mg) > 0
+    assert moved(Layout(1, 1, 512, 8)) == 0
 
 def test_the_hf_path_splits_the_batch_over_every_gpu():
     """The default batch, 2048, on 4,096 GPUs cannot give every GPU a sequence: nothing is feasible, and the
@@ -190,3 +195,35 @@ def test_default_dumps_leave_the_new_options_out_and_plan_ids_stay():
     base = plan_id("frontier", MODEL, RunOptions(), Layout(1, 1, 1, 1), 1, False, False)
     assert plan_id("frontier", MODEL, RunOptions(axonn_path="hf"), Layout(1, 1, 1, 1), 1, False, False) != base
     assert len(base) == 12 and int(base, 16) >= 0
+
+
+def test_a_dense_model_on_axonns_hf_path_is_priced_from_the_code_that_path_runs():
+    """AxoNN's Hugging Face path runs transformers' eager model: under `axonn` a dense model there is priced from the
+    `hf-transformers` profile and its op ledger (the same step time, memory and interval as that framework), not
+    from Megatron-AxoNN's fused op list; `explain --wide` names that ledger."""
+    from axoplan.inputs.framework import code_profile, load_framework
+
+    model, machine = load_model("20B"), load_machine("dgx-h100")
+    hf = RunOptions(axonn_path="hf")
+    assert code_profile(model, hf).name == "hf-transformers" == load_framework("axonn").hf_path_code
+    assert code_profile(model, RunOptions()).name == "axonn"  # the Megatron path runs Megatron-AxoNN's code
+    from axoplan.uncertainty.intervals import with_intervals
+
+    axonn_hf = with_intervals(rank(model, machine, hf, 64))
+    transformers = with_intervals(rank(model, machine, RunOptions(framework="hf-transformers"), 64))
+    for column in ("t_step_s", "mem_total_bytes", "t_low_s", "t_high_s", "p_fit"):
+        assert np.array_equal(axonn_hf.column(column), transformers.column(column), equal_nan=True), column
+    megatron = rank(model, machine, RunOptions(), 64)
+    assert axonn_hf.column("t_step_s").min() > 1.2 * megatron.column("t_step_s").min()  # eager, unfused, autocast
+    done = run_cli_here("explain", "--model", "20B", "--gpus", "64", "--machine", "dgx-h100", "--axonn-path", "hf",
+                        "--layout", "1x1x64x1", "--micro-batch", "8", "--recompute", "on", "--wide")
+    assert done.returncode == 0, done.stderr
+    assert "Op ledger hf-autocast-" in done.stdout and "Op ledger axonn-" not in done.stdout
+
+
+def test_a_mixture_on_axonns_hf_path_keeps_axonns_own_profile():
+    """A mixture on the hf path runs AxoNN's patch of transformers' Mixtral, which no ledger traces: the profile
+    stays `axonn`'s (its counts), as before."""
+    from axoplan.inputs.framework import code_profile
+
+    assert code_profile(load_model("mixtral-8x7B"), RunOptions(axonn_path="hf")).name == "axonn"

@@ -53,7 +53,7 @@ import numpy.typing as npt
 
 from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.ledger import LedgerCost
-from axoplan.inputs.framework import FrameworkProfile, StateBytes, load_framework
+from axoplan.inputs.framework import FrameworkProfile, StateBytes, code_profile
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec, padded_vocab
 from axoplan.inputs.options import RunOptions
@@ -127,15 +127,16 @@ def sharded_params(model: ModelSpec, c: Candidates, options: RunOptions | None =
     heads = 1 if model.tied_embeddings else 2
     embed = np.ceil(heads * vocab * model.hidden / gxy / gz)
     if options is not None and options.hf_path:
-        head = 0.0 if model.tied_embeddings and _keeps_tied_head(options) else np.ceil(vocab * model.hidden / gxy / gz)
+        kept = model.tied_embeddings and _keeps_tied_head(model, options)
+        head = 0.0 if kept else np.ceil(vocab * model.hidden / gxy / gz)
         embed = head + hf_embedding_params(model, c)
     positions = np.ceil(model.max_positions * model.hidden / gxy / gz)
     return model.num_layers * blocks + embed + positions
 
 
-def _keeps_tied_head(options: RunOptions) -> bool:
-    """Whether the framework keeps a tied LM head as the token table's weight (``memory.tied_head_kept``)."""
-    return load_framework(options.framework).memory.tied_head_kept
+def _keeps_tied_head(model: ModelSpec, options: RunOptions) -> bool:
+    """Whether the run's code keeps a tied LM head as the token table's weight (``memory.tied_head_kept``)."""
+    return code_profile(model, options).memory.tied_head_kept
 
 
 def hf_embedding_sharded(model: ModelSpec, c: Candidates) -> npt.NDArray[np.bool_]:

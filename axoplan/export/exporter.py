@@ -166,7 +166,7 @@ def summary(exports: list[ExportedPlan], out_dir: Path, launcher: LauncherSpec, 
     rows = []
     for e in exports:
         pred = e.plan.prediction
-        fit = memory_fit(pred.mem_total_bytes, machine, e.plan.options.framework) if pred else None
+        fit = memory_fit(pred.mem_total_bytes, machine, e.plan.model, e.plan.options) if pred else None
         rows.append([str(e.rank), str(e.plan.layout.to_layout()), str(e.plan.micro_batch),
                      f"{pred.t_step_s:.3f}" if pred else "-",
                      f"{fit.need_bytes / 1e9:.1f}/{fit.hbm_bytes / 1e9:.0f}" if fit else "-",

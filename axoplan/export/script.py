@@ -211,7 +211,7 @@ def _comments(job: Job, machine: Machine, settings: JobSettings, rank: int) -> l
         f"global batch {plan.options.global_batch} x {plan.options.seq_len} tokens",
         f"{predicted} = wall time {values['walltime']}" if settings.walltime_override_s is None
         else f"{predicted}; wall time {values['walltime']} from --time",
-        f"# memory per GPU: {memory_fit(pred.mem_total_bytes, machine, plan.options.framework).describe()}",
+        f"# memory per GPU: {memory_fit(pred.mem_total_bytes, machine, plan.model, plan.options).describe()}",
         *([f"# {describe_cost(plan.training)}"] if plan.training is not None else []),
         *([f"# BENCHMARK, NOT TRAINING: this job runs {spend}"]
           if (spend := benchmark_spend(job, settings)) is not None else []),

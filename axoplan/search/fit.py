@@ -38,8 +38,10 @@ import numpy.typing as npt
 from pydantic import Field
 
 from axoplan.cost.memory import VERDICTS, MemoryVerdict, memory_verdict
-from axoplan.inputs.framework import load_framework
+from axoplan.inputs.framework import code_profile
 from axoplan.inputs.machine import Machine
+from axoplan.inputs.model import ModelSpec
+from axoplan.inputs.options import RunOptions
 from axoplan.inputs.schema import Frozen
 
 __all__ = ["FitPolicy", "TIGHT_LEVEL", "fit_probability", "fit_order", "doubtful", "doubt_level", "MemoryFit",
@@ -136,9 +138,10 @@ class MemoryFit:
                 f"{self.low_bytes / gb:.1f}-{self.high_bytes / gb:.1f} GB: {self.verdict} (P(fit) {self.p_fit:.2f})")
 
 
-def memory_fit(live_bytes: float, machine: Machine, framework: str) -> MemoryFit:
-    """The memory verdict of one layout needing `live_bytes` of tensors per GPU under `framework`."""
-    v = memory_verdict(np.array([live_bytes], dtype=np.float64), machine, load_framework(framework),
+def memory_fit(live_bytes: float, machine: Machine, model: ModelSpec, options: RunOptions) -> MemoryFit:
+    """The memory verdict of one layout of `model` needing `live_bytes` of tensors per GPU, run with `options`
+    (its code's profile: ``code_profile``)."""
+    v = memory_verdict(np.array([live_bytes], dtype=np.float64), machine, code_profile(model, options),
                        level=TIGHT_LEVEL)
     return memory_fit_of(v, 0, live_bytes)
 
