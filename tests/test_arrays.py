@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from axoplan.arrays import distinct
+from axoplan.arrays import distinct, distinct_rows
 
 
 @given(arrays(np.int64, st.integers(0, 40), elements=st.integers(-50, 50)))
@@ -23,6 +23,14 @@ def test_distinct_is_np_unique_on_ints(a: np.ndarray) -> None:
               elements=st.floats(-1e6, 1e6, allow_nan=False)))
 def test_distinct_is_np_unique_on_2d_floats(a: np.ndarray) -> None:
     assert np.array_equal(distinct(a), np.unique(a))
+
+
+@given(arrays(np.int64, st.tuples(st.integers(0, 30), st.integers(1, 4)), elements=st.integers(-3, 3)))
+def test_distinct_rows_are_np_uniques_rows_and_rebuild_the_array(a: np.ndarray) -> None:
+    first, inverse = distinct_rows(a)
+    assert np.array_equal(a[first][inverse], a)
+    if len(a):
+        assert np.array_equal(a[first], np.unique(a, axis=0))
 
 
 def test_ranking_does_not_import_numpy_ma() -> None:

@@ -45,6 +45,7 @@ from typing import Any, get_args
 import numpy as np
 import numpy.typing as npt
 
+from axoplan.arrays import distinct_rows
 from axoplan.errors import AxoplanError
 from axoplan.inputs.machine import AttentionCurve, Machine
 from axoplan.inputs.model import Family, ModelSpec
@@ -462,8 +463,7 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
         raise AxoplanError(f"op ledger {ledger.name}-{ledger.family} was traced for a dense model, not a mixture "
                            "of experts: trace one (benchmarks/derive_ledger.py --family mixtral) or use --framework "
                            "axonn")
-    distinct = np.stack([c.gx, c.gy, c.gz, c.micro_batch], axis=1)
-    _, first, candidate_of = np.unique(distinct, axis=0, return_index=True, return_inverse=True)
+    first, candidate_of = distinct_rows(np.stack([c.gx, c.gy, c.gz, c.micro_batch], axis=1))
     c = c.take(first)
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
     split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, hf_path))
@@ -487,7 +487,7 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
                                              sym, shard)  # the part a chunked loss keeps 1/chunks of
     return EvaluatedLedger(ledger, tuple(ops), kernels, host, saved, shard.params * 0.0,
                            ledger.attention_kernel(attention), seq_len, ledger.recompute_share("gemm", model, seq_len),
-                           candidate_of.reshape(-1))
+                           candidate_of)
 
 
 @dataclass(frozen=True, slots=True)
