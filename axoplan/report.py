@@ -319,9 +319,7 @@ def _ledger_ops(r: Ranking, i: int) -> list[str]:
     once per layer and micro-batch), to hold against a profiler trace op by op; nothing without a ledger."""
     from axoplan.cost.ledger import op_rows
     from axoplan.cost.model import framework_ledger
-    from axoplan.inputs.framework import code_profile
-
-    ledger = framework_ledger(code_profile(r.model, r.options), r.model, r.machine, r.options)
+    ledger = framework_ledger(r.options.code_profile(r.model), r.model, r.machine, r.options)
     if ledger is None:
         return []
     rows = [[o.scope, o.op, o.op_class, str(o.count), f"{o.bytes_per_call / 1e6:.3f}",

@@ -201,13 +201,14 @@ def test_a_dense_model_on_axonns_hf_path_is_priced_from_the_code_that_path_runs(
     """AxoNN's Hugging Face path runs transformers' eager model: under `axonn` a dense model there is priced from the
     `hf-transformers` profile and its op ledger (the same step time, memory and interval as that framework), not
     from Megatron-AxoNN's fused op list; `explain --wide` names that ledger."""
-    from axoplan.inputs.framework import code_profile, load_framework
+    from axoplan.inputs.framework import load_framework
 
     model, machine = load_model("20B"), load_machine("dgx-h100")
-    hf = RunOptions(axonn_path="hf")
-    assert code_profile(model, hf).name == "hf-transformers" == load_framework("axonn").hf_path_code
-    assert code_profile(model, RunOptions()).name == "axonn"  # the Megatron path runs Megatron-AxoNN's code
     from axoplan.uncertainty.intervals import with_intervals
+
+    hf = RunOptions(axonn_path="hf")
+    assert hf.code_profile(model).name == "hf-transformers" == load_framework("axonn").hf_path_code
+    assert RunOptions().code_profile(model).name == "axonn"  # the Megatron path runs Megatron-AxoNN's code
 
     axonn_hf = with_intervals(rank(model, machine, hf, 64))
     transformers = with_intervals(rank(model, machine, RunOptions(framework="hf-transformers"), 64))
@@ -224,6 +225,4 @@ def test_a_dense_model_on_axonns_hf_path_is_priced_from_the_code_that_path_runs(
 def test_a_mixture_on_axonns_hf_path_keeps_axonns_own_profile():
     """A mixture on the hf path runs AxoNN's patch of transformers' Mixtral, which no ledger traces: the profile
     stays `axonn`'s (its counts), as before."""
-    from axoplan.inputs.framework import code_profile
-
-    assert code_profile(load_model("mixtral-8x7B"), RunOptions(axonn_path="hf")).name == "axonn"
+    assert RunOptions(axonn_path="hf").code_profile(load_model("mixtral-8x7B")).name == "axonn"

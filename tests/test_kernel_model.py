@@ -166,7 +166,6 @@ def test_bucketed_gradient_reduction_hides_behind_the_backward_and_never_adds(mo
     """A profile whose gradient buckets are reduced during the backward exposes, per layer,
     max(all-reduce − the next backward compute, 0): never more than the serial case, never
     hiding more than the all-reduce itself."""
-    from axoplan.cost import model as cost_model
 
     opts = RunOptions(global_batch=64, seq_len=1024, micro_batches=(1,))
     spec = ModelSpec(name="m", num_layers=4, hidden=2048, num_heads=16, vocab=8192)
@@ -174,7 +173,7 @@ def test_bucketed_gradient_reduction_hides_behind_the_backward_and_never_adds(mo
     serial = predict(spec, A100, opts, cands)
     profile = load_framework("axonn")
     bucketed = profile.model_copy(update={"grad_reduce_overlaps_backward": True})
-    monkeypatch.setattr(cost_model, "load_framework", lambda name: bucketed)
+    monkeypatch.setattr(RunOptions, "code_profile", lambda self, model: bucketed)
     overlapped = predict(spec, A100, opts, cands)
     before = serial.columns["t_exposed_data_s"]
     after = overlapped.columns["t_exposed_data_s"]

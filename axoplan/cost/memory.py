@@ -53,7 +53,7 @@ import numpy.typing as npt
 
 from axoplan.cost.compute import BYTES_BF16
 from axoplan.cost.ledger import LedgerCost
-from axoplan.inputs.framework import FrameworkProfile, StateBytes, code_profile
+from axoplan.inputs.framework import FrameworkProfile, StateBytes
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec, padded_vocab
 from axoplan.inputs.options import RunOptions
@@ -136,7 +136,7 @@ def sharded_params(model: ModelSpec, c: Candidates, options: RunOptions | None =
 
 def _keeps_tied_head(model: ModelSpec, options: RunOptions) -> bool:
     """Whether the run's code keeps a tied LM head as the token table's weight (``memory.tied_head_kept``)."""
-    return code_profile(model, options).memory.tied_head_kept
+    return options.code_profile(model).memory.tied_head_kept
 
 
 def hf_embedding_sharded(model: ModelSpec, c: Candidates) -> npt.NDArray[np.bool_]:

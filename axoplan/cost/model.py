@@ -62,7 +62,7 @@ from axoplan.cost.memory import MemoryBreakdown, memory_per_gpu
 from axoplan.cost.step import collective_calls, compute_columns, optimizer_params, step_columns, step_flops
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.errors import AxoplanError
-from axoplan.inputs.framework import FrameworkProfile, code_profile
+from axoplan.inputs.framework import FrameworkProfile
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
@@ -117,7 +117,7 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
 
 def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> CompiledPlan:
     """The machine-number-free pass of the cost model for `c` on `machine`'s topology (module docstring)."""
-    profile = code_profile(model, options)
+    profile = options.code_profile(model)
     native = model.moe is not None and options.moe_module == "native"
     groups = compile_group_set(machine, c, options, native_moe=native)
     tokens = (c.micro_batch * options.seq_len).astype(np.float64)

@@ -28,19 +28,15 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
 
-if TYPE_CHECKING:
-    from axoplan.inputs.model import ModelSpec
-    from axoplan.inputs.options import RunOptions
-
 __all__ = ["PhaseCounts", "BlockCounts", "HostReplay", "StateBytes", "MemoryRules", "FrameworkProfile",
-           "load_framework", "code_profile", "shipped_frameworks", "frameworks_dir", "DEFAULT_FRAMEWORK"]
+           "load_framework", "shipped_frameworks", "frameworks_dir", "DEFAULT_FRAMEWORK"]
 
 DEFAULT_FRAMEWORK = "axonn"
 """The framework `rank` plans for: Megatron-AxoNN (AxoNN's own training code)."""
@@ -155,8 +151,8 @@ class FrameworkProfile(Frozen):
         "Hugging Face path runs; a run under it is priced on that path); None: whichever --axonn-path says.")
     hf_path_code: str | None = Field(
         None, description="The profile of the code this framework's Hugging Face path runs, which prices a dense "
-        "model on that path (code_profile): AxoNN's path wraps Hugging Face's eager model, so `hf-transformers`; "
-        "None: this profile on either path.")
+        "model on that path (RunOptions.code_profile): AxoNN's path wraps Hugging Face's eager model, so "
+        "`hf-transformers`; None: this profile on either path.")
     recompute_required: bool = Field(
         False, description="true: the framework's code runs its blocks only with full activation recompute (on its "
         "Megatron path), so a layout without recompute cannot run under it (the feasibility rule 'recompute').")
@@ -226,15 +222,3 @@ def load_framework(name: str) -> FrameworkProfile:
         return FrameworkProfile.model_validate(load_yaml_mapping(path))
     except ValidationError as err:
         raise AxoplanError(describe_validation_error(err, str(path), FrameworkProfile)) from None
-
-
-def code_profile(model: ModelSpec, options: RunOptions) -> FrameworkProfile:
-    """The profile of the code a run executes, the one rule by which the cost model, the memory verdicts, the
-    interval's reach and ``explain`` pick it: the run's framework's own, except for a dense model on the Hugging Face
-    path of a framework that names the code that path runs (``hf_path_code``): AxoNN's path wraps Hugging Face's eager
-    model, whose op ledger then prices it (``docs/decisions.md``, issue 29). A mixture there keeps the framework's
-    own profile (AxoNN's patch of transformers' Mixtral, counted)."""
-    profile = load_framework(options.framework)
-    if options.hf_path and model.moe is None and profile.hf_path_code is not None:
-        return load_framework(profile.hf_path_code)
-    return profile

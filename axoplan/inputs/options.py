@@ -16,7 +16,7 @@ so plans, plan ids and saved rankings of earlier versions read the same (:data:`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     Field,
@@ -30,6 +30,10 @@ from pydantic import (
 from axoplan.inputs.axes import tp_order_name
 from axoplan.inputs.plausible import RUN_RANGES, check_plausible
 from axoplan.inputs.schema import Frozen
+
+if TYPE_CHECKING:
+    from axoplan.inputs.framework import FrameworkProfile
+    from axoplan.inputs.model import ModelSpec
 
 __all__ = ["RunOptions", "Choice", "LATER_FIELDS"]
 
@@ -160,6 +164,19 @@ class RunOptions(Frozen):
     def hf_path(self) -> bool:
         """The Hugging Face / Lightning path: every GPU holds its own sequences (``axonn_path``)."""
         return self.axonn_path == "hf"
+
+    def code_profile(self, model: ModelSpec) -> FrameworkProfile:
+        """The profile of the code this run executes, the one rule by which the cost model, the memory verdicts, the
+        interval's reach, the trace fit and ``explain`` pick it: the framework's own, except for a dense model on the
+        Hugging Face path of a framework that names the code that path runs (``hf_path_code``): AxoNN's path wraps
+        Hugging Face's eager model, whose op ledger then prices it (``docs/decisions.md``, issue 29). A mixture there
+        keeps the framework's own profile (AxoNN's patch of transformers' Mixtral, counted)."""
+        from axoplan.inputs.framework import load_framework
+
+        profile = load_framework(self.framework)
+        if self.hf_path and model.moe is None and profile.hf_path_code is not None:
+            return load_framework(profile.hf_path_code)
+        return profile
 
     @property
     def moe_module(self) -> str:

@@ -38,7 +38,6 @@ import numpy.typing as npt
 from pydantic import Field
 
 from axoplan.cost.memory import VERDICTS, MemoryVerdict, memory_verdict
-from axoplan.inputs.framework import code_profile
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
@@ -140,8 +139,8 @@ class MemoryFit:
 
 def memory_fit(live_bytes: float, machine: Machine, model: ModelSpec, options: RunOptions) -> MemoryFit:
     """The memory verdict of one layout of `model` needing `live_bytes` of tensors per GPU, run with `options`
-    (its code's profile: ``code_profile``)."""
-    v = memory_verdict(np.array([live_bytes], dtype=np.float64), machine, code_profile(model, options),
+    (its code's profile: ``RunOptions.code_profile``)."""
+    v = memory_verdict(np.array([live_bytes], dtype=np.float64), machine, options.code_profile(model),
                        level=TIGHT_LEVEL)
     return memory_fit_of(v, 0, live_bytes)
 

@@ -19,7 +19,6 @@ from axoplan.cost.memory import memory_verdict
 from axoplan.cost.model import Prediction, predict
 from axoplan.errors import AxoplanError
 from axoplan.inputs.axes import AXIS_DEFS, order_name, strides
-from axoplan.inputs.framework import code_profile
 from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import ModelSpec
 from axoplan.inputs.options import RunOptions
@@ -177,7 +176,7 @@ def rank_candidates(
     (feasibility's ``recompute``)."""
     fit = fit or FitPolicy()
     pred = predict(model, machine, options, c)
-    verdict = memory_verdict(pred.columns["mem_total_bytes"], machine, code_profile(model, options),
+    verdict = memory_verdict(pred.columns["mem_total_bytes"], machine, options.code_profile(model),
                              level=TIGHT_LEVEL)
     pred = replace(pred, columns=pred.columns | {"mem_need_bytes": verdict.need_bytes,
                                                   "mem_tight": verdict.tight.astype(np.float64),

@@ -86,12 +86,10 @@ def reaches(model: ModelSpec, options: RunOptions, machine: Machine,
     """Every reach of `size` candidates of one model and run options on `machine`. `columns` (the candidates'
     prediction columns, for the attention class's share of the step) are needed only where the sequence length
     lies outside the attention curve; without them that share is taken as 1 (an upper bound)."""
-    from axoplan.inputs.framework import code_profile
-
     def flat(what: str, sigma: float) -> Reach:
         return Reach(what, np.full(size, sigma))
 
-    profile = code_profile(model, options)
+    profile = options.code_profile(model)
     ledger = profile.ledger
     if ledger is None:
         if machine.device.name in profile.measured_on:

@@ -86,15 +86,13 @@ class TracedStep:
     @classmethod
     def of(cls, model: ModelSpec, options: RunOptions) -> TracedStep:
         """The traced step, or an AxoplanError naming the option that does not pin one step down."""
-        from axoplan.inputs.framework import code_profile
-
         if len(options.micro_batches) != 1:
             raise AxoplanError(f"--micro-batch {','.join(map(str, options.micro_batches))}: give the traced step's "
                                f"one micro-batch size, e.g. --micro-batch 4")
         if options.recompute not in ("on", "off"):
             raise AxoplanError(f"--recompute {options.recompute}: give whether the traced step recomputed its "
                                f"activations, --recompute on or --recompute off")
-        if code_profile(model, options).ledger is None:
+        if options.code_profile(model).ledger is None:
             raise AxoplanError(f"--framework {options.framework} prices no op ledger, so its op classes cannot be "
                                f"set beside a trace; give the traced framework's ledger profile, e.g. "
                                f"--framework hf-transformers")
