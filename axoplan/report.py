@@ -275,7 +275,7 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
         f"+ waiting for the slowest of {r.world_size} GPUs {rec['t_straggler_s']:.4f} s + host idle "
         f"{rec['t_host_idle_s']:.4f} s; MFU {rec['mfu']:.1f}%, HFU {rec['pct_peak']:.1f}% "
         f"({rec['tflops_per_gpu']:.1f} TFLOP/s per GPU run)",
-        *filter(None, [_reach_note(r, i)]),
+        *filter(None, [_reach_note(r, i), _code_note(r)]),
     ]
     lines = [wrap(line, wide) for line in lines]
     lines += ["", "Compute per step", text_table(["part", "seconds"], [
@@ -294,6 +294,15 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
               _collectives_table(r, i, wide)]
     lines += ["", _memory_section(r, i, wide)]
     return "\n".join(lines)
+
+
+def _code_note(r: Ranking) -> str | None:
+    """Where the run's framework runs other code on its path (``RunOptions.code_profile``), which code priced it."""
+    code = r.options.code_profile(r.model).name
+    if code == r.options.framework:
+        return None
+    return (f"priced from the code of {code}: --framework {r.options.framework} runs it on the Hugging Face path "
+            f"(docs/algorithm.md §5e)")
 
 
 def _ledger_section(rec: dict[str, Any]) -> list[str]:

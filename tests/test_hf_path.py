@@ -220,6 +220,10 @@ def test_a_dense_model_on_axonns_hf_path_is_priced_from_the_code_that_path_runs(
                         "--layout", "1x1x64x1", "--micro-batch", "8", "--recompute", "on", "--wide")
     assert done.returncode == 0, done.stderr
     assert "Op ledger hf-autocast-" in done.stdout and "Op ledger axonn-" not in done.stdout
+    assert "priced from the code of hf-transformers: --framework axonn runs it on the Hugging Face path" in done.stdout
+    megatron_path = run_cli_here("explain", "--model", "20B", "--gpus", "64", "--machine", "dgx-h100", "--layout",
+                                 "1x1x64x1", "--micro-batch", "8", "--recompute", "on")
+    assert megatron_path.returncode == 0 and "priced from the code of" not in megatron_path.stdout
 
 
 def test_a_mixture_on_axonns_hf_path_keeps_axonns_own_profile():
