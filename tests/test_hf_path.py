@@ -80,14 +80,17 @@ def test_no_transitions_when_the_x_y_group_is_one_gpu_and_none_on_the_megatron_p
 
 
 def test_the_token_table_is_axonns_embedding_where_gx_is_one_else_whole_with_a_world_all_reduce():
-    """Gx = 1, Gy = 4, Gz = 2: the V·H/Gy = 4096·1024/4 table shard (2,097,152 B bf16) gathered over Z every
-    micro-batch, the [m, H/Gy] output gathered over Y to [m, H] (m·H·2 = 524,288 B), its gradient
-    reduce-scattered over Z. Gx = 2: auto_parallelize leaves the table whole, its fp32 gradient
+    """Gx = 1, Gy = 4, Gz = 2: the V·H/Gy = 4096·1024/4 table shard gathered over Z every micro-batch, as it is
+    stored (the path runs transformers' fp32 parameters: 4,194,304 B; 2,097,152 B with bf16 ones), the [m, H/Gy]
+    output gathered over Y to [m, H] (m·H·2 = 524,288 B), its gradient (the lookup is not autocast: the table's
+    dtype) reduce-scattered over Z. Gx = 2: auto_parallelize leaves the table whole, its fp32 gradient
     (V·H·4 = 16,777,216 B) all-reduced over all 16 GPUs once per step."""
     t = _terms(Layout(1, 4, 2, 2))
-    assert t[("embedding", "forward", "all-gather", "z")][0][:3] == (2, 2097152.0, 2)
+    assert t[("embedding", "forward", "all-gather", "z")][0][:3] == (2, 4194304.0, 2)
     assert t[("embedding", "forward", "all-gather", "y")][0][:3] == (4, 524288.0, 2)
-    assert t[("embedding", "backward", "reduce-scatter", "z")][0][:3] == (2, 2097152.0, 2)
+    assert t[("embedding", "backward", "reduce-scatter", "z")][0][:3] == (2, 4194304.0, 2)
+    bf16 = _terms(Layout(1, 4, 2, 2), framework="hf-transformers-bf16")
+    assert bf16[("embedding", "forward", "all-gather", "z")][0][:3] == (2, 2097152.0, 2)
     assert t[("embedding", "step", "all-reduce", "world")][0][2] == 0
     whole = _terms(Layout(2, 4, 2, 1))
     assert whole[("embedding", "step", "all-reduce", "world")][0][:3] == (16, 16777216.0, 1)
@@ -230,3 +233,38 @@ def test_a_mixture_on_axonns_hf_path_keeps_axonns_own_profile():
     """A mixture on the hf path runs AxoNN's patch of transformers' Mixtral, which no ledger traces: the profile
     stays `axonn`'s (its counts), as before."""
     assert RunOptions(axonn_path="hf").code_profile(load_model("mixtral-8x7B")).name == "axonn"
+
+
+def test_fp32_weights_are_gathered_over_z_in_fp32_and_reduce_scattered_in_bf16():
+    """AxoNN's `_gather` all-gathers a Z shard as it is stored (fp32 parameters under autocast: 4 B an element) and
+    autocast casts the gathered block for the GEMM; the weight gradient leaves the autocast GEMM in bf16 and is
+    reduce-scattered so. hf-transformers (fp32 weights) against hf-transformers-bf16 (bf16 weights), hand model on
+    Z = 4: every Z all-gather moves twice the bytes, every linear's Z reduce-scatter the same (the token table's,
+    whose lookup is not autocast, twice)."""
+    fp32, bf16 = (_terms(Layout(1, 1, 4, 1), framework=f) for f in ("hf-transformers", "hf-transformers-bf16"))
+    gathers = [k for k in fp32 if k[2] == "all-gather" and k[3] == "z"]
+    scatters = [k for k in fp32 if k[2] == "reduce-scatter" and k[3] == "z"]
+    assert gathers and scatters and set(fp32) == set(bf16)
+    for key in gathers:
+        assert [t[1] for t in fp32[key]] == [2 * t[1] for t in bf16[key]], key
+    qkv = [k for k in gathers if k[0] == "qkv" and k[1] == "forward"]
+    assert qkv and fp32[qkv[0]][0][1] == 1024 * 3 * 1024 * 4  # the whole X·Y block (Gx·Gy = 1) of QKV, fp32
+    for key in scatters:
+        factor = 2 if key[0] == "embedding" else 1
+        assert [t[1] for t in fp32[key]] == [factor * t[1] for t in bf16[key]], key
+
+
+def test_the_gathered_fp32_copies_held_in_memory_are_twice_the_bf16_ones():
+    """The weight units gathered over Z and held (AxoNN keeps `gathered_units` of them) are stored as gathered: the
+    difference between fp32 and bf16 parameters is those units' elements times 2 B, the gradient (bf16 both) alike."""
+    c = Candidates.single(Layout(1, 1, 4, 1), 1, False, False)
+    opts = {"global_batch": 8, "seq_len": S, "micro_batches": (1,), "recompute": "off", "cache_weights": "off"}
+    machine = load_machine("frontier")
+    fp32, bf16 = (predict(MODEL, machine, RunOptions(framework=f, **opts), c).memory
+                  for f in ("hf-transformers", "hf-transformers-bf16"))
+    from axoplan.inputs.framework import load_framework
+
+    units = load_framework("hf-transformers").memory.gathered_units
+    assert units == load_framework("hf-transformers-bf16").memory.gathered_units
+    largest = max(lin.params_per_copy for lin in MODEL.block_linears())  # Gx·Gy = 1: the whole linear
+    assert fp32.gathered[0] - bf16.gathered[0] == units * largest * 2

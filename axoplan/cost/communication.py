@@ -45,7 +45,8 @@ def collective_terms(
     z = ZGroup(g.of("z"), g.rates["z"].all_gather_s(0.0 * n_micro))
     terms += z_terms(_z_units(layers, g, options, profile), z, options, c, n_micro)
     if options.hf_path:
-        terms += redistribution_terms(layers, g, c, n_micro) + embedding_terms(model, options, g, c, n_micro, tokens)
+        terms += redistribution_terms(layers, g, c, n_micro) + embedding_terms(model, options, g, c, n_micro, tokens,
+                                                                                    profile.z_gather_bytes)
     else:
         terms += _statistics_terms(model, g, c, tokens, n_micro)
     if any(lay.native_moe for lay in layers):
@@ -70,7 +71,7 @@ def _unit(name: str, parts: list[Layer], g: Groups, options: RunOptions, profile
           stays_gathered: bool = False) -> ZUnit:
     z = g.rates["z"]
     gathered = cast(Floats, sum(lay.bytes_block for lay in parts))
-    grads = gathered / BYTES_BF16 * _rs_bytes(profile, options)
+    grads = gathered / profile.z_gather_bytes * _rs_bytes(profile, options)
     return ZUnit(name=name, count=parts[0].count, recomputed=parts[0].spec.recomputed,
                  regathered=profile.z_gather_unit != "block",  # FSDP: recompute runs on the backward's gather
                  ag_s=z.all_gather_s(gathered), rs_s=z.reduce_scatter_s(grads), ag_bytes=gathered,

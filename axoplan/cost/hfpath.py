@@ -98,11 +98,12 @@ def _term(lay: Layer, g: Groups, phase: str, op: str, axis: str, nbytes: Floats,
 
 
 def embedding_terms(model: ModelSpec, options: RunOptions, g: Groups, c: Candidates, n_micro: Floats,
-                    tokens: Floats) -> list[CollectiveTerm]:
-    """The token table's collectives on the hf path (module docstring), exposed."""
+                    tokens: Floats, weight_bytes: float = BYTES_BF16) -> list[CollectiveTerm]:
+    """The token table's collectives on the hf path (module docstring), exposed. `weight_bytes`: an element of the
+    table as stored (``FrameworkProfile.z_gather_bytes``): the lookup is not autocast, so its gradient is too."""
     h = float(model.hidden)
     sharded = hf_embedding_sharded(model, c).astype(np.float64)
-    table = model.vocab * h / g.size["y"] * BYTES_BF16
+    table = model.vocab * h / g.size["y"] * weight_bytes
     gather = g.rates["z"].all_gather_s(table)
     out_y = g.rates["y"].all_gather_s(tokens * h * BYTES_BF16)
     whole = np.full_like(tokens, model.vocab * h * options.grad_reduce_bytes)

@@ -139,7 +139,7 @@ def layer_shapes(model: ModelSpec, options: RunOptions, c: Candidates, sizes: di
         shard = np.ceil(block_elems / sizes["z"]) if plan.shard_elems is None else plan.shard_elems
         out.append(LayerShape(
             spec=one, count=(1 if head else model.num_layers) * plan.calls, rows=plan.rows, k_loc=k_loc, n_loc=n_loc,
-            gemm_factor=plan.gemm_factor, bytes_block=block_elems * BYTES_BF16,
+            gemm_factor=plan.gemm_factor, bytes_block=block_elems * profile.z_gather_bytes,
             bytes_out=plan.rows * n_loc * BYTES_BF16, bytes_in=plan.rows * k_loc * BYTES_BF16,
             bytes_shard=shard * options.grad_reduce_bytes, own_rows=tokens * spec.token_share,
             n_full=n + zero, native_moe=plan.native, part="logits" if head else "elementwise",

@@ -201,8 +201,8 @@ def gradients_apart(options: RunOptions, c: Candidates, profile: FrameworkProfil
 
 
 def _gathered_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profile: FrameworkProfile) -> Floats:
-    """Z-gathered bf16 weight units alive at once, one unit's full gradient before its
-    reduce-scatter, and the embeddings where the framework keeps them gathered (only Gz > 1)."""
+    """Z-gathered weight units alive at once (``z_gather_bytes`` an element), one unit's full bf16 gradient before
+    its reduce-scatter, and the embeddings where the framework keeps them gathered (only Gz > 1)."""
     rules = profile.memory
     gxy = (c.gx * c.gy).astype(np.float64)
     block = model.block_linears()
@@ -212,10 +212,11 @@ def _gathered_bytes(model: ModelSpec, options: RunOptions, c: Candidates, profil
     unit = (linears.sum() if profile.z_gather_unit == "block" else per_unit.max()) / gxy
     grad_bytes = BYTES_BF16 + (options.grad_reduce_bytes if profile.z_reduce_scatter_in_grad_dtype
                          and options.grad_reduce_bytes != BYTES_BF16 else 0.0)
-    cached = model.num_layers * linears.sum() / gxy * BYTES_BF16
-    gathered = np.where(c.cache_weights, cached, rules.gathered_units * unit * BYTES_BF16) + unit * grad_bytes
+    weight = profile.z_gather_bytes
+    cached = model.num_layers * linears.sum() / gxy * weight
+    gathered = np.where(c.cache_weights, cached, rules.gathered_units * unit * weight) + unit * grad_bytes
     if rules.embedding_gathered:
-        gathered = gathered + model.embedding_params() / gxy * (BYTES_BF16 + grad_bytes)
+        gathered = gathered + model.embedding_params() / gxy * (weight + grad_bytes)
     if native and model.moe is not None:  # the grouped experts gathered over the FSDP group, with their gradient
         experts = model.moe.num_experts * 2 * model.moe.expert_ffn_hidden * model.hidden / options.expert_tp
         gathered = gathered + np.where(c.gz > options.expert_tp, experts * 2.0 * BYTES_BF16, 0.0)

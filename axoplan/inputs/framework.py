@@ -30,7 +30,15 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from axoplan.errors import AxoplanError, closest_hint
 from axoplan.inputs.schema import Frozen, describe_validation_error, load_yaml_mapping, shipped_folder
@@ -171,6 +179,10 @@ class FrameworkProfile(Frozen):
         30.0, description="HBM bytes the loss moves per logit over its forward and backward (the unfused "
         "softmax cross-entropy on an fp32 copy: about 30; a fused cross-entropy kernel: a read forward, a "
         "read and a write backward, 6).")
+    z_gather_bytes: PositiveFloat = Field(
+        2.0, description="Bytes per weight element a Z all-gather moves and its gathered copy holds: 2 where the "
+        "gathered weight is bf16 (bf16 parameters; FSDP's param_dtype); 4 where fp32 parameters are gathered as "
+        "they are stored (AxoNN's _gather under autocast).")
     z_reduce_scatter_in_grad_dtype: bool = Field(
         False, description="true: the Z reduce-scatter of gradients runs in the run's grad_reduce_dtype (FSDP's "
         "reduce_dtype); false: in bf16 (AxoNN's REDUCE_SCATTER_DTYPE).")
