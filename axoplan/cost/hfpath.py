@@ -98,9 +98,11 @@ def _term(lay: Layer, g: Groups, phase: str, op: str, axis: str, nbytes: Floats,
 
 
 def embedding_terms(model: ModelSpec, options: RunOptions, g: Groups, c: Candidates, n_micro: Floats,
-                    tokens: Floats, weight_bytes: float = BYTES_BF16) -> list[CollectiveTerm]:
+                    tokens: Floats, weight_bytes: float) -> list[CollectiveTerm]:
     """The token table's collectives on the hf path (module docstring), exposed. `weight_bytes`: an element of the
-    table as stored (``FrameworkProfile.z_gather_bytes``): the lookup is not autocast, so its gradient is too."""
+    table as stored (``FrameworkProfile.z_gather_bytes``): AxoNN's ``Embedding.forward`` gathers it with
+    ``ForwardGather_BackwardReduceScatter`` as stored, and ``F.embedding`` is not autocast, so its gradient is
+    reduce-scattered in the same dtype (``intra_layer/embedding.py`` @4973c51)."""
     h = float(model.hidden)
     sharded = hf_embedding_sharded(model, c).astype(np.float64)
     table = model.vocab * h / g.size["y"] * weight_bytes
