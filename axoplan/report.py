@@ -275,7 +275,7 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
         f"+ waiting for the slowest of {r.world_size} GPUs {rec['t_straggler_s']:.4f} s + host idle "
         f"{rec['t_host_idle_s']:.4f} s; MFU {rec['mfu']:.1f}%, HFU {rec['pct_peak']:.1f}% "
         f"({rec['tflops_per_gpu']:.1f} TFLOP/s per GPU run)",
-        *filter(None, [_reach_note(r, i), _code_note(r)]),
+        *filter(None, [_reach_note(r, i), _code_note(r), _routing_note(r)]),
     ]
     lines = [wrap(line, wide) for line in lines]
     lines += ["", "Compute per step", text_table(["part", "seconds"], [
@@ -303,6 +303,16 @@ def _code_note(r: Ranking) -> str | None:
         return None
     return (f"priced from the code of {code}: --framework {r.options.framework} runs it on the Hugging Face path "
             f"(docs/algorithm.md §5e)")
+
+
+def _routing_note(r: Ranking) -> str | None:
+    """Where the run's MoE module routes another number of experts per token than the model (``RunOptions.code_model``),
+    what was priced."""
+    code = r.options.code_model(r.model)
+    if code.moe is None or r.model.moe is None or code.moe.top_k == r.model.moe.top_k:
+        return None
+    return (f"priced with top-{code.moe.top_k} routing, as --framework {r.options.framework}'s native MoE module runs "
+            f"(the model says top-{r.model.moe.top_k}; MFU counts the experts it runs; docs/algorithm.md §4c)")
 
 
 def _ledger_section(rec: dict[str, Any]) -> list[str]:

@@ -99,6 +99,63 @@ def test_native_moe_gathers_tokens_over_its_tensor_parallel_group_and_experts_ov
     assert t[("expert_up", "step", "all-reduce")][0][2] == math.ceil(4 * 512 * 2048 / 8) * 4
 
 
+def _native(model: ModelSpec, framework: str = "axonn", **machine: float):
+    """One recomputed `1x1x4x1` plan of a native MoE model on dgx-h100, its host's numbers replaced by `machine`."""
+    layout = Layout(1, 1, 4, 1)
+    mach = load_machine("dgx-h100")
+    if machine:
+        mach = mach.model_copy(update={"host": mach.host.model_copy(update=machine)})
+    opts = RunOptions(global_batch=4 * layout.gdata * 2, seq_len=S, micro_batches=(2,), recompute="on",
+                      cache_weights="off", moe_impl="native", framework=framework)
+    return predict(model, mach, opts, Candidates.single(layout, 2, True, False)).columns
+
+
+def test_axonn_native_moe_routes_each_token_to_one_expert():
+    """DroplessMoEMLP builds its router with top_k=1 (layer.py @0e02dbf): under --framework axonn a top-2 model is
+    priced as the same model with top-1, to the bit, in every column; under the Mixtral patch, and under axoplan's
+    executor (whose native block runs the model's top-k), it keeps its top-2. Whatever the model's top-k, AxoNN's
+    module runs the same work."""
+    assert TINY.moe is not None
+    top1, top4 = (TINY.model_copy(update={"moe": TINY.moe.model_copy(update={"top_k": k})}) for k in (1, 4))
+    assert RunOptions(moe_impl="native").code_model(TINY) == top1
+    assert RunOptions(moe_impl="hf-mixtral", axonn_path="hf").code_model(TINY) is TINY
+    assert RunOptions(moe_impl="native", framework="axoplan-executor").code_model(TINY) is TINY
+    as_run, one, four = _native(TINY), _native(top1), _native(top4)
+    assert set(as_run) == set(one) and all((as_run[k] == one[k]).all() and (four[k] == one[k]).all() for k in one)
+
+
+def test_native_routing_waits_for_the_host_at_each_expert_and_the_counts():
+    """Each of the E = 4 ``nonzero`` calls and the counts' ``.cpu()`` is a host sync: E + 1 = 5 stalls per forward,
+    run again by the recompute, each ``op_us + 2·launch_us`` (axoplan.cost.ledger.sync_stall_s); 2 layers, one
+    micro-batch. Raising ``launch_us`` by 10 µs adds 2 · 5 · 2 · 20 µs = 400 µs of stalls to the non-GEMM column,
+    beside the host's own time for the routing's kernels, which the host-idle column takes (``overlaps_device``)."""
+    from axoplan.cost.moe import native_routing_counts, native_sync_s
+
+    r = native_routing_counts(TINY)
+    assert r.syncs == 5 and r.forward_kernels == 17 + 2 * 2 + 2 * 4 and r.forward_ops == 26 + 3 * 2 + 2 * 4
+    mach = load_machine("dgx-h100")
+    assert native_sync_s(TINY, mach) == pytest.approx(5 * (mach.host.op_us + 2 * mach.host.launch_us) * 1e-6)
+    base, slower = _native(TINY), _native(TINY, launch_us=load_machine("dgx-h100").host.launch_us + 10.0)
+    moved = slower["t_nongemm_s"][0] - base["t_nongemm_s"][0]  # dgx-h100's kernel gaps do not read launch_us
+    assert moved == pytest.approx(2 * 5 * 2 * 20e-6, rel=1e-9)
+
+
+def test_native_routing_permutes_the_gathered_rows_through_hbm():
+    """The permutation's bytes on R = tp·m = 256 rows (m = 128 tokens, expert_tp 2), top-1 as AxoNN routes, H = 512:
+    R·H·2·(5·1 + 1) + 2·R·8 = 1,576,960 B forward, at dgx-h100's HBM bandwidth times memory_efficiency."""
+    import numpy as np
+
+    from axoplan.cost.moe import native_routing_s
+
+    mach = load_machine("dgx-h100")
+    opts = RunOptions(moe_impl="native", expert_tp=2)
+    top1 = opts.code_model(TINY)
+    seconds = native_routing_s(top1, mach, opts, np.array([128.0]))[0]
+    nbytes = 256 * 512 * 2 * 6 + 2 * 256 * 8
+    assert nbytes == 1_576_960
+    assert seconds == pytest.approx(nbytes / (mach.device.hbm_bandwidth_gbs * 1e9 * mach.memory_efficiency))
+
+
 def test_the_mixtral_patch_runs_every_expert_as_its_own_linear():
     """hf-mixtral on 2x2x2x1: 3·E linears a block, each with its own Z gather (E = 4 calls per layer and
     micro-batch) of one expert's H×2I/(Gx·Gy) block, and transitions on the routed rows: m·top_k/E = 64 own rows

@@ -29,7 +29,7 @@ from axoplan.cost.compute import BYTES_BF16, gemm_numbers, gemm_s, memory_bound_
 from axoplan.cost.groups import Groups
 from axoplan.cost.ledger import LedgerCost
 from axoplan.cost.memory import mlp_width, vocab_rows
-from axoplan.cost.moe import expert_plan
+from axoplan.cost.moe import expert_plan, native_routing_s, native_sync_s
 from axoplan.cost.orientation import Phase, phase_gemm_s
 from axoplan.inputs.framework import FrameworkProfile
 from axoplan.inputs.machine import Machine
@@ -162,7 +162,9 @@ def price_layers(
     else:
         extra_fwd, extra_bwd = _nongemm_s(model, machine, options, c, layers.nongemm_bytes)
         extra_rec = extra_fwd  # full recompute: the forward again
-    router_fwd = _router_s(model, machine, tokens)
+    router_fwd, routing_fwd, syncs = _router_s(model, machine, tokens), 0.0 * tokens, 0.0
+    if model.moe is not None and options.moe_module == "native":
+        routing_fwd, syncs = native_routing_s(model, machine, options, tokens), native_sync_s(model, machine)
     key = gemm_numbers(machine)
     if key not in layers.gemm_times:
         layers.gemm_times[key] = [_gemm_times(shape, machine, options, layers.gemms) for shape in layers.shapes]
@@ -172,6 +174,8 @@ def price_layers(
                          for extra in (extra_fwd, extra_bwd, extra_rec))
         if shape.router:  # the router and its top-k run before the experts, on the GPU's own tokens
             fwd, bwd, rec = fwd + router_fwd, bwd + 2.0 * router_fwd, rec + router_fwd
+            # the native module's permutations, forward and mirrored backward, and its routing's host syncs
+            fwd, bwd, rec = fwd + routing_fwd + syncs, bwd + routing_fwd, rec + routing_fwd + syncs
         if shape.calls > 1:  # the block's own work is shared by the copies that each run as a linear
             fwd, bwd, rec = fwd / shape.calls, bwd / shape.calls, rec / shape.calls
         out.append(_layer(shape, gemms, g, (fwd, bwd, rec), gemm_share, dilation))

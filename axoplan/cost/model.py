@@ -116,7 +116,9 @@ def predict(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidat
 
 
 def compile_plan(model: ModelSpec, machine: Machine, options: RunOptions, c: Candidates) -> CompiledPlan:
-    """The machine-number-free pass of the cost model for `c` on `machine`'s topology (module docstring)."""
+    """The machine-number-free pass of the cost model for `c` on `machine`'s topology (module docstring), on the
+    model the run's code computes (``RunOptions.code_model``)."""
+    model = options.code_model(model)
     profile = options.code_profile(model)
     native = model.moe is not None and options.moe_module == "native"
     groups = compile_group_set(machine, c, options, native_moe=native)

@@ -33,15 +33,18 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from axoplan.cost.compute import BYTES_BF16
+from axoplan.cost.compute import BYTES_BF16, memory_bound_s
 from axoplan.cost.groups import Groups
+from axoplan.cost.ledger import sync_stall_s
 from axoplan.cost.scale import expected_max_normal
 from axoplan.cost.terms import CollectiveTerm, collective_term
+from axoplan.inputs.machine import Machine
 from axoplan.inputs.model import LinearLayer, ModelSpec
 from axoplan.inputs.options import RunOptions
 from axoplan.space.candidates import Candidates
 
-__all__ = ["ExpertPlan", "expert_plan", "imbalance_factor", "native_terms"]
+__all__ = ["ExpertPlan", "RoutingCounts", "expert_plan", "imbalance_factor", "native_routing_counts",
+           "native_routing_s", "native_sync_s", "native_terms"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -77,6 +80,67 @@ def expert_plan(spec: LinearLayer, model: ModelSpec, options: RunOptions, c: Can
     grouped = spec.with_shape(k, n, spec.out_chunks, spec.experts, spec.token_share)
     shard = np.ceil(spec.num_params / c.gz.astype(np.float64))
     return ExpertPlan(grouped, 1, tokens * tp * model.moe.top_k, 1.0, shard, True)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingCounts:
+    """Host ops and kernels the native module's layer runs beyond the dense MLP a profile counts (its MLP-up, bias-GeLU
+    and MLP-down, which it replaces), per layer and micro-batch, and its host syncs per forward
+    (:func:`native_routing_counts`)."""
+
+    forward_ops: float
+    backward_ops: float
+    forward_kernels: float
+    backward_kernels: float
+    syncs: float
+
+
+def native_routing_counts(model: ModelSpec) -> RoutingCounts:
+    """What AxoNN's ``DroplessMoEMLP`` runs around its two grouped GEMMs, counted by reading its code (``layer.py``,
+    ``linear.py``, ``communication.py`` @0e02dbf, ``routing.py`` @13f402d; collectives left out, the cost model counts
+    them; ``k`` is the model's top-k, ``E`` its experts):
+
+    * forward host ops ``26 + 3k + 2E``: the router's gate ``nn.Linear``, softmax, topk, the probabilities' sum,
+      ``+ 1e-8`` and division, the routing map's ``zeros`` and per chosen expert an ``arange``, a column select and an
+      ``index_put_``; ``create_permutation_indices``' ``bool``, ``.T``, ``contiguous``, then per expert a row select
+      and a one-argument ``torch.where`` (``nonzero``), ``cat`` and ``sum``; the permutation's index, the counts'
+      ``.cpu()``; each ``SimpleFSDPLinear``'s reshape and grouped GEMM; the two strided halves, ``silu`` and ``mul``;
+      the unpermutation's ``zeros``, ``unsqueeze``, ``expand``, ``scatter_add_`` and ``empty``; two reshapes; less the
+      dense MLP's 3;
+    * forward kernels ``17 + 2k + 2E``: the gate GEMM, softmax, topk, sum, add, div, the map's fill, per chosen
+      expert an ``arange`` and an ``index_put_``, the transpose's copy, two per ``nonzero`` (the count and the
+      compaction), ``cat``, ``sum``, the permuting index, the counts' copy to the host, two grouped GEMMs, ``silu``,
+      ``mul``, the unpermutation's fill and ``scatter_add_``; less the dense MLP's 3;
+    * backward: the mirror permutations (an index; a fill and a ``scatter_add_``), four grouped GEMMs, ``mul``'s two
+      products, ``silu``'s backward, two strided slices' backward (a fill and a copy each), the weights' reshapes:
+      ``22`` host ops and ``14`` kernels, less the dense MLP's 7 of each;
+    * ``E + 1`` host syncs per forward: each ``nonzero`` waits for its count on the device to size its output, and
+      ``per_expert_token_counts.cpu()`` copies the counts to the host (``grouped_gemm`` reads them there).
+
+    A count by reading code under-counts a block's host work (docs/decisions.md: Megatron-AxoNN's replayed block
+    was 5-9 times its code-read count) [counted]; the syncs and the kernels are what the code runs."""
+    assert model.moe is not None
+    e, k = float(model.moe.num_experts), float(model.moe.top_k)
+    return RoutingCounts(forward_ops=26.0 + 3.0 * k + 2.0 * e, backward_ops=22.0 - 7.0,
+                         forward_kernels=17.0 + 2.0 * k + 2.0 * e, backward_kernels=14.0 - 7.0, syncs=e + 1.0)
+
+
+def native_routing_s(model: ModelSpec, machine: Machine, options: RunOptions, tokens: Floats) -> Floats:
+    """Device seconds of the native module's token permutation in one forward (its backward runs the mirror
+    permutations: the same): ``R = tp·m`` gathered rows, ``k`` experts each, bf16 features. The permuting index reads
+    and writes ``R·k·H·2`` bytes; the unpermutation fills ``R·H·2`` and its ``scatter_add_`` reads the ``R·k`` rows
+    and reads and writes their targets (``3·R·k·H·2``); the two int64 index tensors ``R·k·8`` each
+    (``communication.py`` @0e02dbf)."""
+    assert model.moe is not None
+    rows, k, h = float(options.expert_tp) * tokens, float(model.moe.top_k), float(model.hidden)
+    nbytes = rows * h * BYTES_BF16 * (5.0 * k + 1.0) + 2.0 * rows * k * 8.0
+    return memory_bound_s(machine, nbytes)
+
+
+def native_sync_s(model: ModelSpec, machine: Machine) -> float:
+    """Device seconds the native module's routing loses to its host syncs in one forward
+    (:func:`native_routing_counts`)."""
+    return native_routing_counts(model).syncs * sync_stall_s(machine)
 
 
 def imbalance_factor(model: ModelSpec, c: Candidates, routed: Floats) -> Floats:

@@ -17,6 +17,7 @@ from axoplan.cost.groups import Groups
 from axoplan.cost.layers import Layer
 from axoplan.cost.ledger import Ledger, LedgerCost, per_step_s
 from axoplan.cost.memory import replicated_params, sharded_params
+from axoplan.cost.moe import native_routing_counts
 from axoplan.cost.scale import interference_s, straggler_factor
 from axoplan.cost.terms import CollectiveTerm
 from axoplan.inputs.axes import AXES
@@ -88,7 +89,8 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
     """Host ops and device kernels of one micro-batch, collectives excluded (``axoplan/inputs/framework.py``):
     every block's forward, what its checkpointing reruns when recomputed (with the checkpoint's bookkeeping), its
     backward, then the head's forward and backward (the ledger's ops, where the framework has one; the blocks' host work
-    as replayed where its profile measured it, ``FrameworkProfile.host_replay``)."""
+    as replayed where its profile measured it, ``FrameworkProfile.host_replay``); AxoNN's native MoE module adds its
+    routing's (:func:`axoplan.cost.moe.native_routing_counts`)."""
     rec = c.recompute.astype(np.float64)
     if ledger is not None:
         def count(per_scope: dict[str, float]) -> Floats:
@@ -110,7 +112,12 @@ def _per_micro_counts(profile: FrameworkProfile, model: ModelSpec, c: Candidates
     ops = ops + head.forward.host_ops + head.backward.host_ops
     kernels = kernels + sum(p.kernels + p.gemm_kernels for p in (head.forward, head.backward))
     extra = model.num_layers * _extra_linears(model, options) * ((1.0 + rec) + 2.0)  # a GEMM forward, two backward
-    return ops + extra, kernels + extra  # [assumed] one host op per launched GEMM
+    ops, kernels = ops + extra, kernels + extra  # [assumed] one host op per launched GEMM
+    if model.moe is not None and options is not None and options.moe_module == "native":
+        routing = native_routing_counts(model)
+        ops = ops + model.num_layers * (routing.forward_ops * (1.0 + rec) + routing.backward_ops)
+        kernels = kernels + model.num_layers * (routing.forward_kernels * (1.0 + rec) + routing.backward_kernels)
+    return ops, kernels
 
 
 def step_flops(model: ModelSpec, options: RunOptions, c: Candidates,

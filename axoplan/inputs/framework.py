@@ -183,6 +183,9 @@ class FrameworkProfile(Frozen):
         2.0, description="Bytes per weight element a Z all-gather moves and its gathered copy holds: 2 where the "
         "gathered weight is bf16 (bf16 parameters; FSDP's param_dtype); 4 where fp32 parameters are gathered as "
         "they are stored (AxoNN's _gather under autocast).")
+    native_moe_top_k: PositiveInt | None = Field(
+        None, description="Experts per token the framework's native MoE module routes whatever the model says "
+        "(AxoNN's DroplessMoEMLP builds its router with top_k=1); None: the model's top_k.")
     z_reduce_scatter_in_grad_dtype: bool = Field(
         False, description="true: the Z reduce-scatter of gradients runs in the run's grad_reduce_dtype (FSDP's "
         "reduce_dtype); false: in bf16 (AxoNN's REDUCE_SCATTER_DTYPE).")

@@ -178,6 +178,20 @@ class RunOptions(Frozen):
             return load_framework(profile.hf_path_code)
         return profile
 
+    def code_model(self, model: ModelSpec) -> ModelSpec:
+        """The model the run's code computes, the one rule by which the cost model (and so the memory verdicts and
+        ``explain``) takes it: `model`, except a mixture on a native MoE module whose code routes a fixed number of
+        experts per token (``FrameworkProfile.native_moe_top_k``: AxoNN's ``DroplessMoEMLP`` builds its router with
+        ``top_k=1``, ``axonn/intra_layer/moe/layer.py`` @0e02dbf), whose experts then run on that many per token."""
+        if model.moe is None or self.moe_module != "native":
+            return model
+        from axoplan.inputs.framework import load_framework
+
+        top_k = load_framework(self.framework).native_moe_top_k
+        if top_k is None or top_k == model.moe.top_k:
+            return model
+        return model.model_copy(update={"moe": model.moe.model_copy(update={"top_k": top_k})})
+
     @property
     def moe_module(self) -> str:
         """The MoE module actually used: ``moe_impl``, with auto resolved by the path."""
