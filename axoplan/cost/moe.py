@@ -84,8 +84,8 @@ def expert_plan(spec: LinearLayer, model: ModelSpec, options: RunOptions, c: Can
 
 @dataclass(frozen=True, slots=True)
 class RoutingCounts:
-    """Host ops and kernels the native module's layer runs beyond the dense MLP a profile counts (its MLP-up, bias-GeLU
-    and MLP-down, which it replaces), per layer and micro-batch, and its host syncs per forward
+    """Host ops and kernels the native module's layer runs beyond the dense MLP a profile counts (Megatron-AxoNN's
+    MLP-up, bias-GeLU and MLP-down, which it replaces), per layer and micro-batch, and its host syncs per forward
     (:func:`native_routing_counts`)."""
 
     forward_ops: float
@@ -96,33 +96,29 @@ class RoutingCounts:
 
 
 def native_routing_counts(model: ModelSpec) -> RoutingCounts:
-    """What AxoNN's ``DroplessMoEMLP`` runs around its two grouped GEMMs, counted by reading its code (``layer.py``,
-    ``linear.py``, ``communication.py`` @0e02dbf, ``routing.py`` @13f402d; collectives left out, the cost model counts
-    them; ``k`` is the model's top-k, ``E`` its experts):
+    """What AxoNN's ``DroplessMoEMLP`` runs beyond a dense MLP, traced from a rebuild of its code (``layer.py``,
+    ``linear.py``, ``communication.py`` @0e02dbf, ``routing.py`` @13f402d) on one rank with the ledger tracer's
+    recorder, less Megatron-AxoNN's MLP traced the same way: ``python -m benchmarks.tracing.axonn_moe`` (torch 2.13.0,
+    2026-11-27), each count linear in the experts ``E`` and the experts per token ``k`` (collectives left out: the
+    cost model counts them):
 
-    * forward host ops ``26 + 3k + 2E``: the router's gate ``nn.Linear``, softmax, topk, the probabilities' sum,
-      ``+ 1e-8`` and division, the routing map's ``zeros`` and per chosen expert an ``arange``, a column select and an
-      ``index_put_``; ``create_permutation_indices``' ``bool``, ``.T``, ``contiguous``, then per expert a row select
-      and a one-argument ``torch.where`` (``nonzero``), ``cat`` and ``sum``; the permutation's index, the counts'
-      ``.cpu()``; each ``SimpleFSDPLinear``'s reshape and grouped GEMM; the two strided halves, ``silu`` and ``mul``;
-      the unpermutation's ``zeros``, ``unsqueeze``, ``expand``, ``scatter_add_`` and ``empty``; two reshapes; less the
-      dense MLP's 3;
-    * forward kernels ``17 + 2k + 2E``: the gate GEMM, softmax, topk, sum, add, div, the map's fill, per chosen
-      expert an ``arange`` and an ``index_put_``, the transpose's copy, two per ``nonzero`` (the count and the
-      compaction), ``cat``, ``sum``, the permuting index, the counts' copy to the host, two grouped GEMMs, ``silu``,
-      ``mul``, the unpermutation's fill and ``scatter_add_``; less the dense MLP's 3;
-    * backward: the mirror permutations (an index; a fill and a ``scatter_add_``), four grouped GEMMs, ``mul``'s two
-      products, ``silu``'s backward, two strided slices' backward (a fill and a copy each), the weights' reshapes:
-      ``22`` host ops and ``14`` kernels, less the dense MLP's 7 of each;
+    * forward: ``23 + 4k + 3E`` host ops and ``15 + k + E`` kernels: the router's ``addmm``, softmax, ``topk``, the
+      probabilities' sum, ``+ 1e-8`` and division, the routing map's ``zeros`` and per chosen expert an ``arange``, a
+      select, the ``True`` and an ``index_put_``; the map's transpose copied, then per expert a select, a ``nonzero``
+      (``torch.where``) and its ``unbind``; ``cat``, ``sum``, the permuting ``index``, the counts' copy to the host;
+      two grouped GEMMs on reshaped weights, the strided halves, ``silu`` and ``mul``; the unpermutation's ``zeros``,
+      ``unsqueeze``, ``expand``, ``scatter_add_`` and ``empty``; less the MLP's two GEMMs, bias-GeLU and views;
+    * backward: ``2`` host ops and ``6`` kernels more than the MLP's (four grouped GEMMs, ``mul``'s two products,
+      ``silu``'s backward, two ``slice_backward``, their sum, the mirror permutations);
     * ``E + 1`` host syncs per forward: each ``nonzero`` waits for its count on the device to size its output, and
       ``per_expert_token_counts.cpu()`` copies the counts to the host (``grouped_gemm`` reads them there).
 
-    A count by reading code under-counts a block's host work (docs/decisions.md: Megatron-AxoNN's replayed block
-    was 5-9 times its code-read count) [counted]; the syncs and the kernels are what the code runs."""
+    Host ops here are dispatched aten ops, the ledgers' unit: they leave out the modules' and autograd functions'
+    Python, which a replay measures (docs/decisions.md: Megatron-AxoNN's replayed block was 5-9 times its ops)."""
     assert model.moe is not None
     e, k = float(model.moe.num_experts), float(model.moe.top_k)
-    return RoutingCounts(forward_ops=26.0 + 3.0 * k + 2.0 * e, backward_ops=22.0 - 7.0,
-                         forward_kernels=17.0 + 2.0 * k + 2.0 * e, backward_kernels=14.0 - 7.0, syncs=e + 1.0)
+    return RoutingCounts(forward_ops=23.0 + 4.0 * k + 3.0 * e, backward_ops=2.0, forward_kernels=15.0 + k + e,
+                         backward_kernels=6.0, syncs=e + 1.0)
 
 
 def native_routing_s(model: ModelSpec, machine: Machine, options: RunOptions, tokens: Floats) -> Floats:
