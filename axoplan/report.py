@@ -76,6 +76,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
     if not body:
         return wrap(head, wide) + "\n(no rows)"
     notes = [fit_note(r) if chosen[0] == r.order[0] and not infeasible else None,
+             _routing_note(r) if isinstance(r, Ranking) else None,
              _LAYOUT_NOTE if not wide else "", _INTERVAL_NOTE if _has_interval(r, infeasible) else "",
              _reach_note(r, chosen[0]) if wide and _has_interval(r, infeasible) else None,
              _columns_note(wide, r), "" if wide or tokens is None else _GPU_HOURS_NOTE]

@@ -124,6 +124,19 @@ def test_axonn_native_moe_routes_each_token_to_one_expert():
     assert set(as_run) == set(one) and all((as_run[k] == one[k]).all() and (four[k] == one[k]).all() for k in one)
 
 
+def test_rank_and_explain_say_the_native_module_routes_top_1():
+    """Through the real entry point: the note under rank's table and in explain, for Mixtral (top-2) on the native
+    module under --framework axonn; none on the Mixtral patch (which routes top-2 as the model says)."""
+    args = ("--model", "mixtral-8x7B", "--gpus", "256", "--machine", "frontier", "--global-batch", "512")
+    note = "priced with top-1 routing"
+    for command in (("rank", "--top", "1"), ("explain",)):
+        native = run_cli_here(*command, *args, "--moe-impl", "native", "--expert-tp", "8")
+        patch = run_cli_here(*command, *args, "--axonn-path", "hf")
+        assert native.returncode == 0 and patch.returncode == 0, native.stderr + patch.stderr
+        assert note in " ".join(native.stdout.split()) and "top-2" in " ".join(native.stdout.split())
+        assert note not in " ".join(patch.stdout.split())
+
+
 def test_native_routing_waits_for_the_host_at_each_expert_and_the_counts():
     """Each of the E = 4 ``nonzero`` calls and the counts' ``.cpu()`` is a host sync: E + 1 = 5 stalls per forward,
     run again by the recompute, each ``op_us + 2·launch_us`` (axoplan.cost.ledger.sync_stall_s); 2 layers, one
