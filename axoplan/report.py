@@ -77,6 +77,7 @@ def format_table(r: Ranking, top: int, infeasible: bool = False, tokens: int | N
         return wrap(head, wide) + "\n(no rows)"
     notes = [fit_note(r) if chosen[0] == r.order[0] and not infeasible else None,
              _routing_note(r) if isinstance(r, Ranking) else None,
+             _attention_note(r) if isinstance(r, Ranking) else None,
              _LAYOUT_NOTE if not wide else "", _INTERVAL_NOTE if _has_interval(r, infeasible) else "",
              _reach_note(r, chosen[0]) if wide and _has_interval(r, infeasible) else None,
              _columns_note(wide, r), "" if wide or tokens is None else _GPU_HOURS_NOTE]
@@ -276,7 +277,7 @@ def format_explain(r: Ranking, i: int, wide: bool = False) -> str:
         f"+ waiting for the slowest of {r.world_size} GPUs {rec['t_straggler_s']:.4f} s + host idle "
         f"{rec['t_host_idle_s']:.4f} s; MFU {rec['mfu']:.1f}%, HFU {rec['pct_peak']:.1f}% "
         f"({rec['tflops_per_gpu']:.1f} TFLOP/s per GPU run)",
-        *filter(None, [_reach_note(r, i), _code_note(r), _routing_note(r)]),
+        *filter(None, [_reach_note(r, i), _code_note(r), _routing_note(r), _attention_note(r)]),
     ]
     lines = [wrap(line, wide) for line in lines]
     lines += ["", "Compute per step", text_table(["part", "seconds"], [
@@ -314,6 +315,26 @@ def _routing_note(r: Ranking) -> str | None:
         return None
     return (f"priced with top-{code.moe.top_k} routing, as --framework {r.options.framework}'s native MoE module runs "
             f"(the model says top-{r.model.moe.top_k}; MFU counts the experts it runs; docs/algorithm.md §4c)")
+
+
+def _attention_note(r: Ranking) -> str | None:
+    """Where ``--attention`` asks for a kernel the framework's code does not run (its op ledger runs the kernel its
+    code names, ``Ledger.attention_kernel``): which kernel priced the attention instead. Nothing for the default."""
+    from axoplan.cost.model import framework_ledger
+
+    option = r.options.attention
+    if option == "flash":
+        return None
+    profile = r.options.code_profile(r.model)
+    ledger = framework_ledger(profile, r.model, r.machine, r.options)
+    if ledger is None or (kernel := ledger.attention_kernel(option)) == option:
+        return None
+    kernels = r.machine.kernels
+    picked = kernels.default_attention if kernels is not None else None
+    what = kernel or (f"scaled_dot_product_attention's pick on the device ({picked})" if picked
+                      else "scaled_dot_product_attention's pick on the device")
+    return (f"--attention {option}: the code of {profile.name} does not run it; its attention is priced as the kernel "
+            f"that code runs, {what} (docs/algorithm.md, the op ledger)")
 
 
 def _ledger_section(rec: dict[str, Any]) -> list[str]:

@@ -849,3 +849,20 @@ def test_each_candidate_priced_alone_is_its_row_of_the_whole_set() -> None:
         for scope, b in whole.saved_bytes.items():
             assert alone.saved_bytes[scope][0] == b[i], (i, scope)
     assert len(np.unique(np.stack([c.gx, c.gy, c.gz, c.micro_batch], 1), axis=0)) < len(c)  # it did share rows
+
+
+def test_rank_and_explain_say_when_attention_asks_for_a_kernel_the_code_does_not_run() -> None:
+    """transformers' code calls SDPA, which picks cuDNN on an H100: --attention unfused is priced as that pick, and
+    rank and explain say so in one line; llm-foundry's code takes the run's kernel (no note), and the default says
+    nothing."""
+    from tests.conftest import run_cli_here
+
+    args = ("--model", "5B", "--gpus", "8", "--machine", "dgx-h100", "--global-batch", "32")
+    for command in (("rank", "--top", "1"), ("explain",)):
+        hf = run_cli_here(*command, *args, "--framework", "hf-transformers", "--attention", "unfused")
+        foundry = run_cli_here(*command, *args, "--framework", "pytorch-fsdp", "--attention", "flash-triton")
+        default = run_cli_here(*command, *args, "--framework", "hf-transformers")
+        assert hf.returncode == foundry.returncode == default.returncode == 0, hf.stderr + foundry.stderr
+        said = " ".join(hf.stdout.split())
+        assert "--attention unfused: the code of hf-transformers does not run it" in said and "(cudnn)" in said
+        assert "does not run it" not in foundry.stdout + default.stdout
