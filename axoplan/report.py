@@ -319,16 +319,20 @@ def _routing_note(r: Ranking) -> str | None:
 
 def _attention_note(r: Ranking) -> str | None:
     """Where ``--attention`` asks for a kernel the framework's code does not run (its op ledger runs the kernel its
-    code names, ``Ledger.attention_kernel``): which kernel priced the attention instead. Nothing for the default."""
+    code names, ``Ledger.attention_kernel``): which kernel priced the attention instead. For the default (flash), only
+    where the code runs no fused kernel at all (Megatron-DeepSpeed's traced unfused core)."""
     from axoplan.cost.model import framework_ledger
 
     option = r.options.attention
-    if option == "flash":
-        return None
     profile = r.options.code_profile(r.model)
     ledger = framework_ledger(profile, r.model, r.machine, r.options)
     if ledger is None or (kernel := ledger.attention_kernel(option)) == option:
         return None
+    if option == "flash":
+        if kernel != "unfused":
+            return None
+        return (f"attention: the code of {profile.name} runs unfused attention (its batched GEMMs, softmax and "
+                "dropout, each in its op ledger), which prices it whatever --attention says")
     kernels = r.machine.kernels
     picked = kernels.default_attention if kernels is not None else None
     what = kernel or (f"scaled_dot_product_attention's pick on the device ({picked})" if picked

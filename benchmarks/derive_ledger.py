@@ -58,7 +58,7 @@ TRACED_VERSIONS = {"transformers": "transformers==5.17.0", "torchtitan": "torcht
 def code_package(framework: str) -> str:
     """The package whose code `framework` traces (the executor is axoplan's own; its ledger records transformers')."""
     return {"torchtitan": "torchtitan", "llm-foundry": "llmfoundry", "megatron": "megatron",
-            "axonn": "torch"}.get(framework, "transformers")
+            "axonn": "torch", "megatron-deepspeed": "torch"}.get(framework, "transformers")
 
 
 def code_version(framework: str) -> dict[str, str]:
@@ -67,6 +67,9 @@ def code_version(framework: str) -> dict[str, str]:
 
     if framework == "axonn":  # no package: rebuilt from its code at these commits
         return {"megatron-axonn": "f6df7ae (rebuilt from its code)", "axonn": "0.2.0 (rebuilt from its code)"}
+    if framework == "megatron-deepspeed":
+        return {"megatron-deepspeed": "066632b (rebuilt from its code)",
+                "deepspeed": "ZeRO stage 1, runtime/zero/stage_1_and_2.py (its step written out)"}
     package = code_package(framework)
     distributions = {"llmfoundry": ("llm-foundry", "transformers"), "megatron": ("megatron-core",)}.get(package,
                                                                                                         (package,))
@@ -102,15 +105,27 @@ TRACED = {
              "stand-ins, one op each way: apex's fused LayerNorm, the fused bias-GeLU and bias-dropout-add, "
              "flash-attn's varlen kernel in its (b*s, heads, head) layout, CUDA's native_dropout; torch's fused AdamW "
              "for apex FusedAdam (tracing.megatron_axonn)",
+    "megatron-deepspeed": "Megatron-DeepSpeed's GPT (microsoft/Megatron-DeepSpeed 066632b: "
+                          "megatron/model/transformer.py, mpu/layers.py, fused_softmax.py, gpt_model.py, "
+                          "pretrain_gpt.py), which is no package, rebuilt op by op from its code (host_replay.py's "
+                          "replica of its layer) on one rank with every group of one: the unfused attention core in "
+                          "plain torch (baddbmm, bmm and their autograd), the 16-bit gradients accumulated by "
+                          "autograd, DeepSpeed ZeRO stage 1's step written out (runtime/zero/stage_1_and_2.py); "
+                          "stand-ins, one op each way: apex's fused LayerNorm, the TorchScript bias-GeLU and "
+                          "bias-dropout-add, the causal fused softmax (scaled_upper_triang_masked_softmax_cuda, its "
+                          "reads the causal half of each row), CUDA's native_dropout; torch's fused AdamW for apex "
+                          "FusedAdam (tracing.megatron_deepspeed)",
 }
 """What a trace ran of the framework's own code, and what stood in for kernels that do not run on a CPU."""
 
-ATTENTION = {"torchtitan": "flash", "llm-foundry": "run", "megatron": "flash", "axonn": "run"}
+ATTENTION = {"torchtitan": "flash", "llm-foundry": "run", "megatron": "flash", "axonn": "run",
+             "megatron-deepspeed": "unfused"}
 """The attention kernel a framework's code runs, where it is not SDPA's pick on the device (``Ledger.attention``):
 torchtitan's FlexAttention has no measured curve of its own and takes FlashAttention-2's (its paper: 90 % of
 FlashAttention-2 forward, 85 % backward [assumed]); llm-foundry takes it from the run (``attn_config.attn_impl``:
 ``flash`` or ``triton``, the run's ``--attention``); so does Megatron-AxoNN (``--use-flash-attn``, whose op list
-was traced, or its unfused core attention, which is refused in one line)."""
+was traced, or its unfused core attention, which is refused in one line); Megatron-DeepSpeed's traced op list runs
+its unfused core attention (its batched GEMMs priced by the tile model, its softmax and dropout by their bytes)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                     "llm-foundry: its MPT under Composer's FSDP, PURE bf16 (--family mpt --precision bf16); "
                     "megatron: Megatron-LM's GPT or Llama-style block, distributed optimizer (--family gpt2 or "
                     "llama --precision bf16); axonn: Megatron-AxoNN's GPT or Llama recipe, rebuilt from its code "
-                    "(--family gpt2 or llama --precision bf16)")
+                    "(--family gpt2 or llama --precision bf16); megatron-deepspeed: Megatron-DeepSpeed's GPT with "
+                    "unfused attention under ZeRO stage 1, rebuilt from its code (--family gpt2 --precision bf16)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.framework == "torchtitan" and (args.family, args.precision) != ("llama", "bf16"):
@@ -140,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.framework == "axonn" and (args.family not in ("gpt2", "llama") or args.precision != "bf16"):
         raise SystemExit("--framework axonn traces Megatron-AxoNN's GPT or Llama recipe in bf16: --family gpt2 or "
                          "llama, --precision bf16")
+    if args.framework == "megatron-deepspeed" and (args.family, args.precision) != ("gpt2", "bf16"):
+        raise SystemExit("--framework megatron-deepspeed traces Megatron-DeepSpeed's GPT in 16-bit: --family gpt2 "
+                         "--precision bf16")
     if args.family == "mpt" and args.framework != "llm-foundry":
         raise SystemExit("--family mpt is llm-foundry's model: --framework llm-foundry")
     package = code_package(args.framework)
@@ -166,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.precision == "fp32" and args.framework != "executor":
         raise SystemExit("--precision fp32 is the executor's CPU dtype; Hugging Face steps are autocast or bf16")
     name = {"executor": "executor" + ("-fp32" if args.precision == "fp32" else ""), "torchtitan": "torchtitan",
-            "llm-foundry": "llm-foundry", "megatron": "megatron", "axonn": "axonn"}.get(args.framework,
+            "llm-foundry": "llm-foundry", "megatron": "megatron", "axonn": "axonn",
+            "megatron-deepspeed": "megatron-deepspeed"}.get(args.framework,
                                                                                       f"hf-{args.precision}")
     doc = {
         "profile": name, "family": args.family,

@@ -83,8 +83,19 @@ def gpt2_profiles(machine: str) -> Callable[[Path], list[Measured]]:
     return read
 
 
+def under_framework(framework: str) -> Callable[[Path], list[Measured]]:
+    """A source's runs priced under another profile of the code that ran them (vTrain's Megatron-DeepSpeed runs
+    under ``megatron-deepspeed-traced``, its traced ledger)."""
+    def read(path: Path) -> list[Measured]:
+        return [dataclasses.replace(r, plan=r.plan.model_copy(update={"options": r.plan.options.model_copy(
+            update={"framework": framework})})) for r in load_runs([path])]
+    return read
+
+
+VTRAIN = REPO / "data/measured/vtrain_a100_single_node_pp1.csv"
 SOURCES: dict[str, Source] = {
-    "vtrain": Source(REPO / "data/measured/vtrain_a100_single_node_pp1.csv", "dgx-a100"),
+    "vtrain": Source(VTRAIN, "dgx-a100"),
+    "vtrain-traced": Source(VTRAIN, "dgx-a100", read=under_framework("megatron-deepspeed-traced")),
     "llm-foundry-40gb": Source(LLM_FOUNDRY, "dgx-a100", lambda r: r.plan.machine == "dgx-a100"),
     "llm-foundry-80gb": Source(LLM_FOUNDRY, "dgx-a100-80gb", lambda r: r.plan.machine == "dgx-a100-80gb"),
     "cpu-gloo": Source(REPO / "data/measured/cpu-gloo/runs.jsonl", "local-cpu"),

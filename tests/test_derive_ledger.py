@@ -111,7 +111,8 @@ def test_each_framework_is_traced_by_its_own_module_and_the_command_offers_exact
     modules = {name: step_tracer(name).__module__ for name in STEP_TRACERS}
     assert modules == {"hf": "benchmarks.tracing.hf", "executor": "benchmarks.tracing.executor",
                        "torchtitan": "benchmarks.tracing.torchtitan", "llm-foundry": "benchmarks.tracing.llm_foundry",
-                       "megatron": "benchmarks.tracing.megatron", "axonn": "benchmarks.tracing.megatron_axonn"}
+                       "megatron": "benchmarks.tracing.megatron", "axonn": "benchmarks.tracing.megatron_axonn",
+                       "megatron-deepspeed": "benchmarks.tracing.megatron_deepspeed"}
     assert step_tracer("hf") is trace_step
     done = subprocess.run([sys.executable, "benchmarks/derive_ledger.py", "--family", "gpt2", "--framework", "nemo"],
                           capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1])

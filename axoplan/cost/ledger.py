@@ -22,8 +22,11 @@ routine, ``shared/design/house-style.md`` §7):
   measured curve in sequence length (SDPA's pick on the device, the kernel the framework's code names, or the
   run's ``--attention`` where its code takes it from the run's configuration);
 * a GEMM entry is counted (kernels, host ops) but priced by the tile model with the 4D linear it belongs to
-  (``axoplan.cost.layers``), where its collectives overlap with it, except a mixture's grouped expert GEMM, which
-  no 4D linear holds: the ledger prices it, at the fp32 CUDA-core peak where it runs in fp32;
+  (``axoplan.cost.layers``), where its collectives overlap with it, except the GEMMs no 4D linear holds, which the
+  ledger prices: a mixture's grouped expert GEMM (at the fp32 CUDA-core peak where it runs in fp32), and a batched
+  GEMM of the unfused attention core (``bmm``, ``baddbmm``: the scores and the context over a GPU's heads), by the
+  tile model from its traced shape (its ``tile``: the batch's rows stacked, ``n``, ``k``; the same rule as
+  ``axoplan.cost.attention.unfused_attention_s``);
 * a view costs the host an op and the device nothing;
 * a host sync (an op whose CUDA kernel makes the host wait: ``.item()``, ``nonzero``, a boolean-mask index, the fp32
   ``_grouped_mm``'s copy of its offsets to the host) is a point where the device drains and then waits for the host
@@ -46,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from axoplan.arrays import distinct_rows
+from axoplan.cost.compute import gemm_s
 from axoplan.errors import AxoplanError
 from axoplan.inputs.machine import AttentionCurve, Machine
 from axoplan.inputs.model import Family, ModelSpec
@@ -101,12 +105,20 @@ class LedgerOp:
     flops: tuple[Term, ...] = ()
     axis: str | None = None
     dtype: str = "bf16"  # a GEMM's operands: bf16 on the tensor cores, fp32 on the CUDA cores
+    tile: tuple[tuple[Term, ...], tuple[Term, ...], tuple[Term, ...]] | None = None  # a batched GEMM's rows, n, k
 
     @property
     def grouped(self) -> bool:
         """A grouped GEMM over a mixture's experts (transformers' ``_grouped_mm``): no 4D linear holds it, so the
-        ledger prices it (at its dtype's peak); every other GEMM is a linear's, priced by the tile model."""
+        ledger prices it (at its dtype's peak)."""
         return self.op.lstrip("_").startswith("grouped_mm")
+
+    @property
+    def own_gemm(self) -> bool:
+        """A GEMM no 4D linear holds, which the ledger prices itself: a grouped expert GEMM, or a batched GEMM with its
+        traced shape (the unfused attention core's); every other GEMM is a linear's, priced by the tile model with
+        its collectives (``axoplan.cost.layers``)."""
+        return self.op_class == "gemm" and (self.grouped or self.tile is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +174,7 @@ class Ledger:
 
         def flops(scope: str) -> float:
             return sum(op.count * t.coef * math.prod(dims[s] ** e for s, e in t.exps)
-                       for op in self.ops(scope) if op.op_class == op_class and not op.grouped for t in op.flops)
+                       for op in self.ops(scope) if op.op_class == op_class and not op.own_gemm for t in op.flops)
         forward = flops("block_forward")
         return 1.0 if self.recompute_scope == "block_forward" or forward == 0 else flops(self.recompute_scope) / forward
 
@@ -249,7 +261,7 @@ def load_ledger(name: str, family: str) -> Ledger:
     doc = json.loads(path.read_text())
     scopes = {scope: tuple(LedgerOp(o["op"], o["class"], int(o["count"]), _terms(o["read"], o.get("axis")),
                                     _terms(o["write"], o.get("axis")), _terms(o.get("flops", []), o.get("axis")),
-                                    o.get("axis"), o.get("dtype", "bf16")) for o in ops)
+                                    o.get("axis"), o.get("dtype", "bf16"), _tile(o, o.get("axis"))) for o in ops)
               for scope, ops in doc["scopes"].items()}
     opt = doc["optimizer"]
     return Ledger(name, family, doc["made_by"], doc["versions"], scopes,
@@ -258,6 +270,15 @@ def load_ledger(name: str, family: str) -> Ledger:
                   "moe" in doc, doc.get("attention"),
                   {str(k): float(v) for k, v in opt["data_shard_bytes_per_param"].items()}
                   if "data_shard_bytes_per_param" in opt else None)
+
+
+def _tile(o: dict[str, Any], axis: str | None) -> tuple[tuple[Term, ...], tuple[Term, ...], tuple[Term, ...]] | None:
+    """A batched GEMM's traced shape (``tile``: rows on the op's axis; ``n`` and ``k``, a head's width or the sequence,
+    split over nothing), or None."""
+    if "tile" not in o:
+        return None
+    t = o["tile"]
+    return _terms(t["rows"], axis), _terms(t["n"]), _terms(t["k"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +362,15 @@ class _Split:
         return self.y if axis == "y" else self.x
 
 
+def _tile_shape(op: LedgerOp, sym: dict[str, Floats], split: _Split) -> tuple[Floats, Floats, Floats] | None:
+    """A batched GEMM's rows (its heads split as its axis is), ``n`` and ``k`` (whole) for every candidate."""
+    if op.tile is None:
+        return None
+    rows, n, k = op.tile
+    whole = _Split(*(np.ones_like(split.params) for _ in range(4)))
+    return _evaluate(rows, sym, split), _evaluate(n, sym, whole), _evaluate(k, sym, whole)
+
+
 def _evaluate(terms: tuple[Term, ...], sym: dict[str, Floats], split: _Split) -> Floats:
     total = np.zeros_like(split.params)
     for t in terms:
@@ -395,6 +425,7 @@ class EvaluatedOp:
     op: LedgerOp
     nbytes: Floats
     flops: Floats
+    tile: tuple[Floats, Floats, Floats] | None = None  # a batched GEMM's rows, n and k (LedgerOp.tile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,10 +472,12 @@ class EvaluatedLedger:
         """Device seconds of the op's ``count`` calls per scope run; None for a view and for a 4D linear's GEMM (the
         tile model prices that one, with its collectives)."""
         op = e.op
-        if op.op_class == "view" or (op.op_class == "gemm" and not op.grouped):
+        if op.op_class == "view" or (op.op_class == "gemm" and not op.own_gemm):
             return None
         if op.op_class == "host_sync":
             return op.count * sync_stall_s(machine) + self.zeros
+        if e.tile is not None:  # the unfused attention core's batched GEMMs: the tile model, from their shapes
+            return op.count * gemm_s(machine, *e.tile)
         if op.op_class == "gemm":  # transformers' grouped experts: no 4D linear holds them
             return op.count * e.flops / _gemm_rate(machine, op.dtype)
         if op.op_class == "attention":
@@ -481,7 +514,7 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
             if op.op_class == "view" and not views:
                 continue
             ops.append(EvaluatedOp(scope, op, _evaluate(op.read, sym, shard) + _evaluate(op.write, sym, shard),
-                                   _evaluate(op.flops, sym, shard)))
+                                   _evaluate(op.flops, sym, shard), _tile_shape(op, sym, shard)))
     saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
     saved["rest_forward_logits"] = _evaluate(tuple(t for t in ledger.saved.get("rest_forward", ()) if t.per_logit),
                                              sym, shard)  # the part a chunked loss keeps 1/chunks of

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -230,10 +230,32 @@ def shipped_frameworks() -> list[str]:
 def load_framework(name: str) -> FrameworkProfile:
     """The shipped profile `name` (profiles are immutable data, so one load per process)."""
     path = frameworks_dir() / f"{name}.yaml"
+    try:
+        return FrameworkProfile.model_validate(_profile_mapping(name))
+    except ValidationError as err:
+        raise AxoplanError(describe_validation_error(err, str(path), FrameworkProfile)) from None
+
+
+def _profile_mapping(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Profile `name`'s YAML as a mapping; one that ``extends: <base>`` is its base's mapping with its own keys
+    merged in (a mapping key by key, anything else replaced), so that a variant of a framework states only what it
+    changes and every other fact stays written once, in the base."""
+    path = frameworks_dir() / f"{name}.yaml"
     if not path.is_file():
         known = shipped_frameworks()
         raise AxoplanError(f"unknown framework {name!r}{closest_hint(name, known)}; known: {', '.join(known)}")
-    try:
-        return FrameworkProfile.model_validate(load_yaml_mapping(path))
-    except ValidationError as err:
-        raise AxoplanError(describe_validation_error(err, str(path), FrameworkProfile)) from None
+    own = load_yaml_mapping(path)
+    base = own.pop("extends", None)
+    if base is None:
+        return own
+    if not isinstance(base, str) or base in (*seen, name):
+        raise AxoplanError(f"{path}: extends must name another framework profile, not {base!r}")
+    return _merged(_profile_mapping(base, (*seen, name)), own)
+
+
+def _merged(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in own.items():
+        old = out.get(key)
+        out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out

@@ -215,14 +215,14 @@ def vtrain_plan(row: Mapping[str, int]) -> LaunchConfig:
     Megatron-DeepSpeed's tensor parallelism ``t`` runs the collectives of ``Gy = t`` with
     ``Gx = Gz = 1``, and its data parallelism ``d`` is ``Gdata = d``. Fixed for all rows:
     GPT-2 blocks (GeLU MLP of 4·H, learned positions up to the sequence length, tied
-    embeddings, vocabulary 50,257 padded to 50,304), full activation recompute, no weight
+    embeddings, vocabulary 50,257 padded to 50,304: model family ``gpt2``), full activation recompute, no weight
     caching, no overlap of the tensor-parallel all-reduces (OAR off), 16-bit gradients
     all-reduced after the backward (vTrain's ``use_gradient_bucket: false``).
     """
     seq = int(row["seq_len"])
     model = ModelSpec(name=f"gpt-h{row['hidden']}-l{row['layers']}", num_layers=int(row["layers"]),
                       hidden=int(row["hidden"]), num_heads=int(row["heads"]), vocab=VTRAIN_VOCAB, max_positions=seq,
-                      source="vTrain ground_truth_single.csv (Megatron-DeepSpeed GPT)")
+                      family="gpt2", source="vTrain ground_truth_single.csv (Megatron-DeepSpeed GPT)")
     mb = int(row["micro_batch"])
     options = RunOptions(global_batch=int(row["global_batch"]), seq_len=seq, micro_batches=(mb,), recompute="on",
                          cache_weights="off", overlap_all_reduce=False, overlap_reduce_scatter=False,

@@ -17,14 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 from .hf import GQA_FAMILIES
-from .recorder import activation_axis, is_view, op_class
+from .recorder import activation_axis, is_batched_gemm, is_view, op_class
 
 StepTrace = tuple[dict[str, list[dict[str, Any]]], dict[str, list[tuple[int, int]]], int]
 """What a step tracer returns: (ops per scope, saved storages per scope, parameters)."""
 
 STEP_TRACERS = {"hf": "hf:trace_step", "executor": "executor:trace_executor_step",
                 "torchtitan": "torchtitan:trace_torchtitan_step", "llm-foundry": "llm_foundry:trace_llm_foundry_step",
-                "megatron": "megatron:trace_megatron_step", "axonn": "megatron_axonn:trace_axonn_step"}
+                "megatron": "megatron:trace_megatron_step", "axonn": "megatron_axonn:trace_axonn_step",
+                "megatron-deepspeed": "megatron_deepspeed:trace_deepspeed_step"}
 """Each ``--framework``'s step tracer, ``module:function`` in this package (imported when that framework is traced;
 its arguments are the family, the dimensions and the precision)."""
 
@@ -130,6 +131,8 @@ def _entry(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied:
     if entry["class"] in {"gemm", "attention"}:
         entry["flops"] = _flops_terms(op, i, scope, runs, varied, base)
         entry["dtype"] = "fp32" if op["in"] and op["in"][0][1] == 4 else "bf16"
+    if entry["class"] == "gemm" and is_batched_gemm(op["op"]):
+        entry["tile"] = _tile_terms(op, i, scope, runs, varied, base)
     if is_view(op["op"]):
         entry["class"] = "view"
     return entry
@@ -160,6 +163,24 @@ def _flops_terms(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], v
     exps = _exponents(n, {s: flops(runs[s][0][scope][i]) for s in varied}, f"{scope} {op['op']} flops")
     coef, e = _monomial(n, exps, base)
     return [[round(coef, 6), e]]
+
+
+def _batched_shape(o: dict[str, Any]) -> dict[str, int]:
+    """A batched GEMM's ``[b × m × k]·[b × k × n]`` as the tile model takes it: ``rows = b·m`` (the batch's matrices
+    stacked: the same tiles as b GEMMs of m rows), ``n`` and ``k``."""
+    a, w = [s for s in o["shapes"] if len(s) == 3][-2:]
+    return {"rows": a[0] * a[1], "n": w[2], "k": a[2]}
+
+
+def _tile_terms(op: dict[str, Any], i: int, scope: str, runs: dict[str, Any], varied: list[str],
+                base: dict[str, int]) -> dict[str, list[list[Any]]]:
+    """A batched GEMM's rows, ``n`` and ``k``, each a monomial (:func:`_batched_shape`)."""
+    out = {}
+    for side, n in _batched_shape(op).items():
+        other = {s: _batched_shape(runs[s][0][scope][i])[side] for s in varied}
+        coef, e = _monomial(n, _exponents(n, other, f"{scope} {op['op']} {side}"), base)
+        out[side] = [[round(coef, 6), e]]
+    return out
 
 
 def _compact(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -431,25 +432,45 @@ def trace_axonn_step(family: str, dims: dict[str, int], precision: str) -> tuple
     states = {"exp_avg": [torch.zeros_like(m) for _, m, _ in shards],
               "exp_avg_sq": [torch.zeros_like(m) for _, m, _ in shards],
               "step": [torch.tensor(1.0) for _ in shards]}
-    ids = torch.randint(0, dims["V"], (dims["B"], dims["S"]))
-    position_ids = torch.arange(dims["S"])[None].expand(dims["B"], -1)
-    loss_mask = torch.ones(dims["B"], dims["S"])
-    _loss(model, ids, position_ids, loss_mask).backward()  # one step untraced
+    batch = gpt_batch(dims)
+    _loss(model, *batch).backward()  # one step untraced
     _optimizer_step(buffer, shards, states)
 
     rec = Recorder()
     recording.append(rec)
-    saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    _follow(rec, model.block)
-    with rec, saved_bytes(rec, saved, {p.untyped_storage().data_ptr() for p in params}, where_made=True):
-        rec.scope = "rest_forward"
-        loss = _loss(model, ids, position_ids, loss_mask)
-    with rec:
-        rec.scope = "rest_backward"
-        loss.backward()
+
+    def step() -> None:
         rec.scope = "step"
         _optimizer_step(buffer, shards, states)
+    saved = record_step(rec, model, batch, step)
     ops = dict(rec.ops)
     if family == "llama":
         _fused_qkv_regions(ops, saved)
-    return ops, dict(saved), len(buffer)
+    return ops, saved, len(buffer)
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def gpt_batch(dims: dict[str, int]) -> Batch:
+    """A micro-batch of random token ids, their positions and a loss mask of ones (``get_batch``'s three)."""
+    ids = torch.randint(0, dims["V"], (dims["B"], dims["S"]))
+    return ids, torch.arange(dims["S"])[None].expand(dims["B"], -1), torch.ones(dims["B"], dims["S"])
+
+
+def record_step(rec: Recorder, model: AxonnGPT, batch: Batch,
+                step: Callable[[], None]) -> dict[str, list[tuple[int, int]]]:
+    """One micro-batch's forward and loss (with what autograd keeps, the parameters' storages left out), its
+    backward and `step` (the optimizer's, which sets its own scopes), recorded by `rec` with the block's scopes
+    followed; returns the saved storages per scope."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    _follow(rec, model.block)
+    with rec, saved_bytes(rec, saved, params, where_made=True):
+        rec.scope = "rest_forward"
+        loss = _loss(model, *batch)
+    with rec:
+        rec.scope = "rest_backward"
+        loss.backward()
+        step()
+    return dict(saved)

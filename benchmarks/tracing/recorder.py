@@ -77,12 +77,24 @@ reduce-scatter buffer (``torch.ops.fsdp``): one kernel per unit whose flat buffe
 sizes, which is no monomial; each is recorded as its pieces (the bytes are the same)."""
 
 
-class Recorder(TorchDispatchMode):
-    """Every aten op below autograd, with its tensors, tagged by the scope set on `self.scope`."""
+BATCHED_GEMMS = ("bmm", "baddbmm")
+"""GEMMs of a batch of matrices that no linear layer holds (the unfused attention core's scores and context): the
+ledger prices them by the tile model from their own shapes (``tracing.fit``: an entry's ``tile``)."""
 
-    def __init__(self) -> None:
+
+def is_batched_gemm(name: str) -> bool:
+    return name.split(".")[0] in BATCHED_GEMMS
+
+
+class Recorder(TorchDispatchMode):
+    """Every aten op below autograd, with its tensors, tagged by the scope set on `self.scope`. `linear_gemms_only`:
+    count only the linears' GEMMs as the regions between a block's linears (:func:`activation_axis`), not the
+    attention core's batched ones (a trace of unfused attention; the earlier ledgers were traced without it)."""
+
+    def __init__(self, linear_gemms_only: bool = False) -> None:
         super().__init__()
         self._scope = "rest_forward"
+        self.linear_gemms_only = linear_gemms_only
         self.gemms_seen = 0
         self.ops: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.made_in: dict[int, int] = {}  # each storage an op wrote last: the GEMMs of its scope before that op
@@ -138,7 +150,7 @@ class Recorder(TorchDispatchMode):
                 "sync": True})
         for t in outs:
             self.made_in[t.untyped_storage().data_ptr()] = self.gemms_seen
-        if op_class(name) == "gemm":
+        if op_class(name) == "gemm" and not (self.linear_gemms_only and is_batched_gemm(name)):
             self.gemms_seen += 1
         return out
 
