@@ -133,7 +133,8 @@ def test_every_shipped_ledger_has_integer_monomials_and_known_classes() -> None:
         ledger = load_ledger(doc["profile"], doc["family"])
         assert ledger.made_by.startswith("python benchmarks/derive_ledger.py")
         assert "torch" in ledger.versions and set(ledger.versions) & {"transformers", "torchtitan", "llm-foundry",
-                                                                 "megatron-core", "megatron-axonn"}
+                                                                 "megatron-core", "megatron-axonn",
+                                                                 "megatron-deepspeed"}
         for ops in ledger.scopes.values():
             for op in ops:
                 assert op.op_class in {"gemm", "attention", "norm", "activation", "elementwise", "copy_cast",
