@@ -362,12 +362,13 @@ class _Split:
         return self.y if axis == "y" else self.x
 
 
-def _tile_shape(op: LedgerOp, sym: dict[str, Floats], split: _Split) -> tuple[Floats, Floats, Floats] | None:
-    """A batched GEMM's rows (its heads split as its axis is), ``n`` and ``k`` (whole) for every candidate."""
+def _tile_shape(op: LedgerOp, sym: dict[str, Floats], split: _Split,
+                whole: _Split) -> tuple[Floats, Floats, Floats] | None:
+    """A batched GEMM's rows (its heads split as its axis is: `split`), ``n`` and ``k`` (`whole`: divided by nothing)
+    for every candidate."""
     if op.tile is None:
         return None
     rows, n, k = op.tile
-    whole = _Split(*(np.ones_like(split.params) for _ in range(4)))
     return _evaluate(rows, sym, split), _evaluate(n, sym, whole), _evaluate(k, sym, whole)
 
 
@@ -501,6 +502,7 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
     gx, gy = c.gx.astype(np.float64), c.gy.astype(np.float64)
     split_x, split_y = (np.asarray(g, dtype=np.float64) for g in activation_split(c.gx, c.gy, hf_path))
     shard = _Split(gx * gy, split_x, split_y, gx * gy * c.gz.astype(np.float64))  # hf path: activations whole
+    whole = _Split(*(np.ones_like(gx) for _ in range(4)))  # a batched GEMM's n and k: split over nothing
     sym = symbols(model, seq_len, c)
     experts = model.moe.num_experts if model.moe is not None else 1
     ops: list[EvaluatedOp] = []
@@ -514,7 +516,7 @@ def evaluate_ledger(ledger: Ledger, model: ModelSpec, seq_len: int, c: Candidate
             if op.op_class == "view" and not views:
                 continue
             ops.append(EvaluatedOp(scope, op, _evaluate(op.read, sym, shard) + _evaluate(op.write, sym, shard),
-                                   _evaluate(op.flops, sym, shard), _tile_shape(op, sym, shard)))
+                                   _evaluate(op.flops, sym, shard), _tile_shape(op, sym, shard, whole)))
     saved = {scope: _evaluate(terms, sym, shard) for scope, terms in ledger.saved.items()}
     saved["rest_forward_logits"] = _evaluate(tuple(t for t in ledger.saved.get("rest_forward", ()) if t.per_logit),
                                              sym, shard)  # the part a chunked loss keeps 1/chunks of
